@@ -1,0 +1,34 @@
+# arnar: the whole pipeline as one DAG (DESIGN.md sections 1-3).
+#
+#   snakemake --cores all                          # the embedded default profile (mini)
+#   snakemake --cores all --config profile=smoke   # the seconds-to-minutes test profile
+#   snakemake --cores all data                     # one phase only (see the targets below)
+#
+# params.yaml is the config; it is validated against workflow/schemas/params.schema.yaml and
+# its profile preset merged in by arnar.config (the same code the Python CLIs use).
+
+from arnar.config import ConfigError, resolve_profile
+
+
+configfile: "params.yaml"
+
+
+try:
+    P = resolve_profile(config)
+except ConfigError as err:
+    raise WorkflowError(f"params.yaml: {err}")
+
+PROFILE = P["profile"]
+DATA = f"data/{PROFILE}"
+RESULTS = f"results/{PROFILE}"
+LOGS = f"logs/{PROFILE}"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+
+
+rule all:
+    input:
+        rules.data.input,
+    default_target: True

@@ -1,0 +1,112 @@
+"""Load params.yaml, validate it against the schema and resolve the selected profile.
+
+The same function serves the Snakefile and every CLI, so a config is interpreted one way only.
+Resolution: the top-level sections (corpus, validation, text, ...) are the base; the preset
+named by ``profile`` overrides them key by key (a deep merge); ``profiles`` itself is dropped
+from the resolved config so downstream code sees one flat experiment.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A params file that is missing, unreadable or does not match the schema."""
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``base`` updated by ``override``; nested mappings merge, everything else replaces."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _short_validation_message(message: str) -> str:
+    """Reduce snakemake's multi-page jsonschema dump to 'where: what'.
+
+    The dump has a line 'ValidationError: <what>' and a line "On instance['a']['b']:" that
+    names the offending key; the schema excerpt between them is noise to a user.
+    """
+    what = next((l.split(":", 1)[1].strip() for l in message.splitlines()
+                 if l.startswith("ValidationError:")), message.strip())
+    where = next((l.strip()[len("On instance"):].rstrip(":") for l in message.splitlines()
+                  if l.strip().startswith("On instance")), "")
+    keys = [k.strip("'\"") for k in where.strip("[]").split("][") if k]
+    return f"{'.'.join(keys) or '<top level>'}: {what}"
+
+
+def validate_params(config: Mapping[str, Any], schema_path: Path = SCHEMA_PATH) -> None:
+    """Validate a raw (unresolved) config; raise ConfigError whose message names the key."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        # validate() fills defaults in place; work on a copy so callers keep what they passed.
+        validate(copy.deepcopy(dict(config)), str(schema_path), set_default=False)
+    except WorkflowError as err:
+        raise ConfigError(_short_validation_message(str(err))) from None
+    profile = config["profile"]
+    if profile not in config["profiles"]:
+        raise ConfigError(
+            f"profile: {profile!r} is not one of the presets under 'profiles' "
+            f"({', '.join(sorted(config['profiles']))})"
+        )
+
+
+def resolve_profile(config: Mapping[str, Any], schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    """Validate ``config`` and return it with its profile's preset merged in."""
+    validate_params(config, schema_path)
+    preset = config["profiles"][config["profile"]]
+    resolved = deep_merge({k: v for k, v in config.items() if k != "profiles"}, preset)
+    # The merged result must still be a valid experiment (a preset can break a constraint).
+    check = dict(resolved, profiles=config["profiles"])
+    validate_params(check, schema_path)
+    validation = resolved["validation"]
+    if validation["min_duration"] >= validation["max_duration"]:
+        raise ConfigError(
+            "validation: min_duration "
+            f"({validation['min_duration']}) must be below max_duration ({validation['max_duration']})"
+        )
+    corpus = resolved["corpus"]
+    if corpus["name"] == "synth" and corpus["test_speakers"] >= corpus["speakers"]:
+        raise ConfigError(
+            f"corpus: test_speakers ({corpus['test_speakers']}) must be fewer than speakers "
+            f"({corpus['speakers']}) so that some speakers are left for training"
+        )
+    return resolved
+
+
+def load_params(
+    path: str | Path = REPO_ROOT / "params.yaml", overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Read a params file, apply ``overrides`` (e.g. {"profile": "smoke"}) and resolve it."""
+    path = Path(path)
+    schema_path = path.resolve().parent / "workflow" / "schemas" / "params.schema.yaml"
+    if not schema_path.exists():
+        schema_path = SCHEMA_PATH
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: params file not found") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    if overrides:
+        raw = deep_merge(raw, overrides)
+    try:
+        return resolve_profile(raw, schema_path)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
