@@ -1,0 +1,136 @@
+"""End to end: the data phase of the DAG on the smoke profile, as a user runs it.
+
+The workflow files are copied into a temporary folder and Snakemake runs there for real
+(synthesizers, ingest, tokenizers). One module-scoped run feeds several checks.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from arnar.config import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+ENV = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+WORKFLOW_FILES = ["Snakefile", "params.yaml", "workflow", "dvc.yaml", ".dvc", ".dvcignore"]
+
+
+def copy_workflow(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        src = REPO_ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("tmp", "cache"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def run(cmd, cwd, check=True, timeout=900):
+    result = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+def snakemake(cwd, *args, check=True):
+    return run([str(BIN / "snakemake"), "--cores", "2", "--config", "profile=smoke", *args], cwd, check)
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "build_log" not in p.name
+    }
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    work = copy_workflow(tmp_path_factory.mktemp("smoke"))
+    snakemake(work, "data")
+    return work
+
+
+def test_smoke_data_phase_outputs(smoke):
+    data = smoke / "data" / "smoke"
+    stats = json.loads((smoke / "results/smoke/data/corpus.json").read_text())
+    assert stats["speakers"] == 6
+    assert stats["quarantined"]["total"] == 0
+    assert stats["splits"]["test"]["speakers"] == 2  # held-out speakers
+    assert stats["splits"]["train"]["utterances"] > 0 and stats["splits"]["dev"]["utterances"] > 0
+    for split in ("train", "dev", "test"):
+        assert (data / "manifests" / f"{split}_cuts.jsonl").exists()
+    assert (data / "tokenizers" / "bpe.model").stat().st_size > 0
+    tok = json.loads((smoke / "results/smoke/data/tokenizers.json").read_text())
+    assert tok["bpe"]["vocab_size"] > 0
+
+
+def test_rebuild_is_byte_identical(smoke, tmp_path):
+    other = copy_workflow(tmp_path / "again")
+    snakemake(other, "data")
+    for phase in ("corpus", "manifests", "tokenizers"):
+        a = tree_digest(smoke / "data/smoke" / phase)
+        b = tree_digest(other / "data/smoke" / phase)
+        assert a and a == b, phase
+
+
+def test_corrupt_item_is_quarantined_and_the_rest_proceed(smoke, tmp_path):
+    work = tmp_path / "faulty"
+    shutil.copytree(smoke, work, symlinks=True)
+    corpus = work / "data/smoke/corpus"
+    wavs = sorted(corpus.rglob("*.wav"))
+    victim = wavs[0]
+    victim.write_bytes(victim.read_bytes()[:2000])  # truncated
+    orphan = wavs[1].with_name("orphan_0000.txt")
+    orphan.write_text("A transcript whose audio is missing.\n")
+    snakemake(work, "data", "--forcerun", "manifests")
+    rows = (work / "results/smoke/data/quarantine.tsv").read_text().splitlines()[1:]
+    reasons = {row.split("\t")[0]: row.split("\t")[2] for row in rows}
+    assert reasons[victim.stem].startswith("audio: truncated")
+    assert reasons["orphan_0000"] == "pairing: transcript has no audio file"
+    stats = json.loads((work / "results/smoke/data/corpus.json").read_text())
+    assert stats["accepted"] == len(wavs) - 1
+
+
+def test_lint_is_clean(smoke):
+    result = snakemake(smoke, "--lint", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Lints for" not in result.stdout + result.stderr
+
+
+def test_bad_params_stop_with_the_key_named(tmp_path):
+    work = copy_workflow(tmp_path / "bad")
+    params = work / "params.yaml"
+    params.write_text(params.read_text().replace("seed: 1234", "seed: many"))
+    result = snakemake(work, "-n", check=False)
+    assert result.returncode != 0
+    assert "seed: 'many' is not of type 'integer'" in result.stdout + result.stderr
+
+
+def test_dvc_repro_and_push(tmp_path):
+    work = copy_workflow(tmp_path / "dvc")
+    params = work / "params.yaml"
+    params.write_text(params.read_text().replace("profile: mini", "profile: smoke", 1))
+    run(["git", "init", "-q"], work)
+    remote = tmp_path / "remote"
+    dvc = str(BIN / "dvc")
+    run([dvc, "remote", "modify", "local", "url", str(remote)], work)
+    run([dvc, "repro", "data"], work)
+    lock = (work / "dvc.lock").read_text()
+    assert "data/smoke/manifests" in lock and "md5" in lock
+    assert "up to date" in run([dvc, "status"], work).stdout
+    run([dvc, "push"], work)
+    assert any(remote.rglob("*")), "nothing pushed to the local remote"
+    # a teammate's checkout: remove the outputs, pull them back from the remote
+    shutil.rmtree(work / "data/smoke/manifests")
+    run([dvc, "pull"], work)
+    assert (work / "data/smoke/manifests/train_cuts.jsonl").exists()
