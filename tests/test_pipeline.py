@@ -20,7 +20,7 @@ from arnar.config import REPO_ROOT
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 ENV = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-WORKFLOW_FILES = ["Snakefile", "params.yaml", "workflow", "dvc.yaml", ".dvc", ".dvcignore"]
+WORKFLOW_FILES = ["Snakefile", "params.yaml", "workflow", "envs", "src", "dvc.yaml", ".dvc", ".dvcignore"]
 
 
 def copy_workflow(dest: Path) -> Path:
@@ -28,7 +28,7 @@ def copy_workflow(dest: Path) -> Path:
     for name in WORKFLOW_FILES:
         src = REPO_ROOT / name
         if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("tmp", "cache"))
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("tmp", "cache", "__pycache__", "*.egg-info"))
         else:
             shutil.copy2(src, dest / name)
     return dest
@@ -42,7 +42,8 @@ def run(cmd, cwd, check=True, timeout=900):
 
 
 def snakemake(cwd, *args, check=True):
-    return run([str(BIN / "snakemake"), "--cores", "2", "--config", "profile=smoke", *args], cwd, check)
+    # --config takes every following word as a key=value pair, so it goes last
+    return run([str(BIN / "snakemake"), "--cores", "2", *args, "--config", "profile=smoke"], cwd, check)
 
 
 def tree_digest(root: Path) -> dict[str, str]:

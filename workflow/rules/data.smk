@@ -42,7 +42,7 @@ rule manifests:
         quarantine=f"{DATA}/manifests/quarantine.tsv",
         summary=f"{DATA}/manifests/summary.json",
     params:
-        out=f"{DATA}/manifests",
+        out=lambda wildcards, output: os.path.dirname(output.summary),
         sample_rate=CORPUS["sample_rate"],
         dev_fraction=CORPUS["dev_fraction"],
         seed=P["seed"],

@@ -28,9 +28,8 @@ def build_tokenizers(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VocabSizeClampedWarning)
         bpe = train_bpe(texts, bpe_model, vocab_size=vocab_size, seed=seed)
+    # train_bpe already logged the clamp; keep the message for the report
     clamped = [str(w.message) for w in caught if issubclass(w.category, VocabSizeClampedWarning)]
-    for message in clamped:
-        log.warning("%s", message)
     lengths = [len(bpe.encode(t)) for t in texts]
     log.info("BPE: vocab %d, %.1f tokens per sentence", bpe.vocab_size, sum(lengths) / len(lengths))
 

