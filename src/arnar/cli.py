@@ -149,21 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple[type[BaseException], ...]:
     from arnar.config import ConfigError
     from arnar.data.manifests import CorpusError
+    from arnar.data.synth import SynthError
+    from arnar.data.texts import SourceMissingError
+    from arnar.text import TokenizerError
 
-    errors: list[type[BaseException]] = [ConfigError, CorpusError, FileNotFoundError]
-    try:
-        from arnar.data.synth import SynthError  # defined by the synth module
-
-        errors.append(SynthError)
-    except ImportError:
-        pass
-    try:
-        from arnar.text import TokenizerError
-
-        errors.append(TokenizerError)
-    except ImportError:
-        pass
-    return tuple(errors)
+    return (ConfigError, CorpusError, SynthError, SourceMissingError, TokenizerError, FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:

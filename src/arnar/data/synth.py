@@ -76,6 +76,10 @@ class SynthError(RuntimeError):
     """A synthesizer (or sox) failed on an utterance."""
 
 
+class SynthArgumentError(SynthError, ValueError):
+    """Build arguments outside what the builder supports (e.g. too many speakers)."""
+
+
 @dataclass(frozen=True)
 class BaseVoice:
     voice: str
@@ -135,7 +139,7 @@ def _speaker_ids(n: int) -> list[str]:
 def plan_speakers(n_speakers: int) -> list[SpeakerSpec]:
     """Speaker i's (voice, pitch, tempo): plain voices first, then variants (split unset)."""
     if not 1 <= n_speakers <= MAX_SPEAKERS:
-        raise ValueError(f"n_speakers must be in 1..{MAX_SPEAKERS}, got {n_speakers}")
+        raise SynthArgumentError(f"n_speakers must be in 1..{MAX_SPEAKERS}, got {n_speakers}")
     combos: list[tuple[str, int, float]] = [(v.voice, 0, 1.0) for v in BASE_VOICES]
     for pitch, tempo in VARIANTS:
         combos += [(voice, pitch, tempo) for voice in VARIANT_BASES]
@@ -149,7 +153,7 @@ def plan_speakers(n_speakers: int) -> list[SpeakerSpec]:
 def select_test_speakers(speakers: list[SpeakerSpec], n_test: int, seed: int) -> set[str]:
     """Held-out speakers: seeded, round-robin over base voices so they span different ones."""
     if not 0 <= n_test < len(speakers):
-        raise ValueError(
+        raise SynthArgumentError(
             f"n_test_speakers must be in 0..{len(speakers) - 1} (at least one training "
             f"speaker), got {n_test}"
         )
@@ -502,9 +506,9 @@ def build_synth_corpus(
 
     t0 = time.perf_counter()
     if utterances_per_speaker < 1:
-        raise ValueError("utterances_per_speaker must be >= 1")
+        raise SynthArgumentError("utterances_per_speaker must be >= 1")
     if sample_rate < 8000:
-        raise ValueError("sample_rate must be >= 8000")
+        raise SynthArgumentError("sample_rate must be >= 8000")
     out_dir = Path(out_dir)
     speakers = plan_speakers(n_speakers)
     test = select_test_speakers(speakers, n_test_speakers, seed)
@@ -520,7 +524,7 @@ def build_synth_corpus(
     sentences = load_sentences()
     need = n_speakers * utterances_per_speaker
     if need > len(sentences):
-        raise ValueError(
+        raise SynthArgumentError(
             f"{n_speakers} speakers x {utterances_per_speaker} utterances needs {need} "
             f"sentences, only {len(sentences)} are available"
         )
