@@ -50,13 +50,16 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   say "python: $VENV already matches requirements.lock"
   exit 0
 fi
-pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+pip_cmd=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# This machine kind's pip config lists local index folders that may not exist; pip then warns
+# once per package. Drop that one warning, keep everything else (and pip's exit status).
+pip() { "${pip_cmd[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 say "python: installing requirements.lock into $VENV"
-"${pip[@]}" install --quiet "pip==$PIP_VERSION"
+pip install --quiet "pip==$PIP_VERSION"
 # --no-deps: the lock is the complete set, resolved once by scripts/lock.sh.
-"${pip[@]}" install --quiet --no-deps -r requirements.lock
-"${pip[@]}" install --quiet --no-deps -r requirements-nodeps.lock
-"${pip[@]}" install --quiet --no-deps --no-build-isolation -e .
+pip install --quiet --no-deps -r requirements.lock
+pip install --quiet --no-deps -r requirements-nodeps.lock
+pip install --quiet --no-deps --no-build-isolation -e .
 
 # torchaudio's PyPI wheels are CUDA builds whose extension libraries need libc10_cuda.so, which
 # the CPU torch does not have. Without those files torchaudio imports in its documented
@@ -73,4 +76,4 @@ rm -f "$ta_lib"/*.so
   || { echo "setup: error: torchaudio/dac/s3tokenizer do not import; see README developer notes" >&2; exit 1; }
 
 echo "$want" > "$stamp"
-say "python: done ($("${pip[@]}" list --format=freeze | wc -l) packages)"
+say "python: done ($(pip list --format=freeze | wc -l) packages)"
