@@ -1,0 +1,1 @@
+"""Evaluation as a frozen protocol (DESIGN.md section 7): ASR, speaker similarity, speed."""
