@@ -26,9 +26,12 @@ LOGS = f"logs/{PROFILE}"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
         rules.data.input,
+        rules.report.output,
     default_target: True

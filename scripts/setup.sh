@@ -10,6 +10,7 @@ APT_PACKAGES=(
   festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts            # festival English voices
   wordnet-base sword-text-web diatheke                             # freely licensed sentences
   git                                                              # dvc needs a git checkout
+  chromium                                                         # tests: the HTML report renders
 )
 PIP_VERSION=25.3
 VENV=.venv

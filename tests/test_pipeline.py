@@ -7,6 +7,7 @@ The workflow files are copied into a temporary folder and Snakemake runs there f
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,8 +57,9 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    """The whole default DAG (corpus to report) on the smoke profile."""
     work = copy_workflow(tmp_path_factory.mktemp("smoke"))
-    snakemake(work, "data")
+    snakemake(work)
     return work
 
 
@@ -135,3 +137,56 @@ def test_dvc_repro_and_push(tmp_path):
     shutil.rmtree(work / "data/smoke/manifests")
     run([dvc, "pull"], work)
     assert (work / "data/smoke/manifests/train_cuts.jsonl").exists()
+
+
+def test_evaluation_and_report(smoke):
+    results = smoke / "results/smoke"
+    for task in ("continuation", "cross_sentence"):
+        r = json.loads((results / f"eval/ground_truth/{task}.json").read_text())
+        assert r["items"] == 6 and r["missing"] == []
+        wer = r["asr"]["pocketsphinx"]
+        assert 0 <= wer["wer_corpus"] < 60 and 0 <= wer["wer_utterance_mean"] < 60
+        assert r["sim"]["mean"] > 0.7  # ground truth against a prompt of the same speaker
+    audit = json.loads((results / "eval/ground_truth_audit.json").read_text())
+    separation = audit["sim"]["same_vs_different_speaker"]
+    assert separation["same_mean"] > separation["different_mean"] and separation["auc"] > 0.9
+    metrics = json.loads((results / "metrics.json").read_text())
+    assert set(metrics) == {"ground_truth", "ground_truth_audit"}
+    table = (results / "report/comparison.md").read_text()
+    assert "| ground_truth |" in table and "WER-P corpus" in table
+    for plot in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png"):
+        assert (results / "report/plots" / plot).stat().st_size > 10_000
+
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--virtual-time-budget=5000",
+]
+
+
+def test_html_report_renders_with_working_audio(smoke, tmp_path):
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (scripts/setup.sh installs it)")
+    page = smoke / "results/smoke/report/index.html"
+    result = run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                  page.as_uri()], tmp_path, timeout=120)
+    players = re.findall(r"<audio[^>]*>", result.stdout)
+    # 2 tasks x 2 samples x (prompt + ground truth)
+    assert len(players) == 8
+    assert all('data-state="loaded"' in p for p in players), players
+    assert "<h1>arnar report" in result.stdout
+
+
+def test_frozen_testlist_mismatch_stops_the_run(smoke, tmp_path):
+    work = tmp_path / "changed"
+    shutil.copytree(smoke, work, symlinks=True)
+    frozen = work / "src/arnar/evaluate/testlists/smoke/continuation.tsv"
+    lines = frozen.read_text().splitlines(keepends=True)
+    frozen.write_text("".join(lines[:-1]))  # drop one item from the committed list
+    result = run([str(BIN / "snakemake"), "--cores", "2", "testlists", "--forcerun", "testlists",
+                  "--config", "profile=smoke"], work, check=False)
+    log = (work / "logs/smoke/testlists.log").read_text()
+    assert result.returncode != 0
+    assert "does not match the corpus (1 new items" in log and "arnar testlists --write" in log

@@ -92,6 +92,86 @@ def cmd_corpus_report(args: argparse.Namespace) -> None:
     os.replace(tmp, out)
 
 
+def cmd_testlists(args: argparse.Namespace) -> None:
+    from arnar.evaluate.testlists import TASKS, build_testlists, frozen_path, to_tsv, verify_testlist
+
+    lists = build_testlists(
+        Path(args.cuts), min_duration=args.min_duration, max_duration=args.max_duration,
+        prompt_seconds=args.prompt_seconds, max_items=args.max_items, seed=args.seed,
+    )
+    for task in TASKS:
+        frozen = Path(args.frozen_dir) / f"{task}.tsv" if args.frozen_dir else frozen_path(args.profile, task)
+        if args.write:
+            _atomic_write_text(frozen, to_tsv(lists[task]))
+            log.info("froze %d %s items in %s", len(lists[task]), task, frozen)
+            continue
+        verify_testlist(frozen, lists[task])
+        _atomic_write_text(Path(args.out_dir) / f"{task}.tsv", to_tsv(lists[task]))
+        log.info("%s: %d items, matches the frozen list %s", task, len(lists[task]), frozen)
+
+
+def cmd_task_audio(args: argparse.Namespace) -> None:
+    from arnar.evaluate.run import prepare_task_audio
+    from arnar.evaluate.testlists import read_testlist
+
+    items = read_testlist(Path(args.testlist))
+    prepare_task_audio(items, Path(args.recordings), Path(args.targets), Path(args.prompts))
+    log.info("wrote %d targets and prompts", len(items))
+
+
+def _backends(args: argparse.Namespace):
+    from arnar.evaluate.asr import load_asr
+    from arnar.evaluate.similarity import load_speaker_encoder
+
+    asr = {name: load_asr(name) for name in args.asr}
+    return asr, load_speaker_encoder(args.sim)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from arnar.evaluate.run import evaluate_system
+    from arnar.evaluate.testlists import read_testlist
+
+    asr, encoder = _backends(args)
+    mos = None
+    if args.mos:
+        from arnar.evaluate.mos import MosUnavailableError, load_mos_predictor
+
+        try:
+            mos = load_mos_predictor()
+        except MosUnavailableError as err:
+            log.warning("MOS not reported: %s", err)
+    result = evaluate_system(
+        system=args.system, task=args.task, system_dir=Path(args.system_dir),
+        items=read_testlist(Path(args.testlist)), prompts_dir=Path(args.prompts),
+        asr_backends=asr, speaker_encoder=encoder, out_json=Path(args.out_json),
+        out_tsv=Path(args.out_tsv), d_llm=args.d_llm, mos_predictor=mos,
+    )
+    log.info("%s/%s: %s", args.system, args.task, json.dumps(
+        {k: round(v["wer_corpus"], 2) for k, v in result["asr"].items()} | {"sim": result["sim"]["mean"]}))
+
+
+def cmd_audit(args: argparse.Namespace) -> None:
+    from arnar.evaluate.run import ground_truth_audit, read_voices
+
+    asr, encoder = _backends(args)
+    result = ground_truth_audit(
+        cuts_paths=[Path(p) for p in args.cuts], voices=read_voices(Path(args.corpus)),
+        asr_backends=asr, speaker_encoder=encoder, out_json=Path(args.out_json), out_tsv=Path(args.out_tsv),
+    )
+    log.info("audit: %d utterances, %s", result["utterances"],
+             {k: round(v["overall"]["wer_corpus"], 2) for k, v in result["asr"].items()})
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from arnar.report import build_report
+
+    build_report(
+        eval_dir=Path(args.eval_dir), testlist_dir=Path(args.testlists), prompts_dir=Path(args.prompts),
+        systems_dir=Path(args.systems_dir), systems=args.systems, out_dir=Path(args.out_dir),
+        samples=args.samples, profile=args.profile,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arnar", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -141,6 +221,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--quarantine-out", required=True)
     p.set_defaults(func=cmd_corpus_report)
+
+    p = sub.add_parser("testlists", help="build the zero-shot test lists; check them against the frozen ones")
+    p.add_argument("--cuts", required=True, help="lhotse cuts of the test split")
+    p.add_argument("--profile", default="mini", help="whose frozen lists (src/arnar/evaluate/testlists/<profile>)")
+    p.add_argument("--frozen-dir", help="folder of the frozen lists (default: the profile's, in the package)")
+    p.add_argument("--out-dir", help="where the verified lists are written")
+    p.add_argument("--write", action="store_true", help="(re)freeze: write the lists into the frozen folder")
+    p.add_argument("--min-duration", type=float, default=4.0)
+    p.add_argument("--max-duration", type=float, default=10.0)
+    p.add_argument("--prompt-seconds", type=float, default=3.0)
+    p.add_argument("--max-items", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_testlists)
+
+    p = sub.add_parser("task-audio", help="write a task's ground-truth targets and prompts")
+    p.add_argument("--testlist", required=True)
+    p.add_argument("--recordings", required=True)
+    p.add_argument("--targets", required=True)
+    p.add_argument("--prompts", required=True)
+    p.set_defaults(func=cmd_task_audio)
+
+    def add_backends(p):
+        p.add_argument("--asr", action="append", required=True, choices=["pocketsphinx", "whisper", "hubert"])
+        p.add_argument("--sim", required=True, choices=["resemblyzer", "wavlm"])
+
+    p = sub.add_parser("evaluate", help="evaluate one system's audio on one task")
+    p.add_argument("--system", required=True)
+    p.add_argument("--task", required=True)
+    p.add_argument("--system-dir", required=True, help="folder of <item_id>.wav (+ optional timing.jsonl)")
+    p.add_argument("--testlist", required=True)
+    p.add_argument("--prompts", required=True)
+    add_backends(p)
+    p.add_argument("--mos", action="store_true", help="also predict naturalness (UTMOSv2) where installed")
+    p.add_argument("--d-llm", type=float, default=0.025)
+    p.add_argument("--out-json", required=True)
+    p.add_argument("--out-tsv", required=True)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("audit", help="ground-truth audit: per-voice WER, same/different-speaker SIM")
+    p.add_argument("--cuts", action="append", required=True)
+    p.add_argument("--corpus", required=True, help="corpus folder (its speakers.tsv gives voices)")
+    add_backends(p)
+    p.add_argument("--out-json", required=True)
+    p.add_argument("--out-tsv", required=True)
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("report", help="tables, plots and the HTML page with audio")
+    p.add_argument("--eval-dir", required=True)
+    p.add_argument("--testlists", required=True)
+    p.add_argument("--prompts", required=True, help="folder with <task>/<item_id>.wav prompts")
+    p.add_argument("--systems-dir", required=True, help="folder with <system>/<task>/<item_id>.wav")
+    p.add_argument("--systems", nargs="+", required=True)
+    p.add_argument("--samples", type=int, default=3)
+    p.add_argument("--profile", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.set_defaults(func=cmd_report)
     return parser
 
 
@@ -151,9 +287,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from arnar.data.manifests import CorpusError
     from arnar.data.synth import SynthError
     from arnar.data.texts import SourceMissingError
+    from arnar.evaluate.audio import AudioError
+    from arnar.evaluate.testlists import TestListError
     from arnar.text import TokenizerError
 
-    return (ConfigError, CorpusError, SynthError, SourceMissingError, TokenizerError, FileNotFoundError)
+    from arnar.evaluate.asr import AsrUnavailableError
+    from arnar.evaluate.similarity import SimUnavailableError
+
+    # AsrUnavailableError / SimUnavailableError: hub weights that cannot be had, said in one line
+    return (ConfigError, CorpusError, SynthError, SourceMissingError, TokenizerError, TestListError,
+            AudioError, AsrUnavailableError, SimUnavailableError, FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,448 @@
+"""Speech recognition for the WER metric: three backends behind one interface.
+
+DESIGN.md section 7 freezes the protocol: an ASR backend turns synthesized speech into raw text;
+text normalisation and WER (jiwer) are done elsewhere, so every backend here returns exactly what
+its model emits (pocketsphinx: lower-case words; Whisper: cased, punctuated text; HuBERT CTC:
+upper-case letters).
+
+Backends (``load_asr(name, model=..., device=..., **options)``):
+
+``pocketsphinx`` (offline default)
+    CMU PocketSphinx 5 through its Python API (``pocketsphinx.Decoder``) with the US English
+    acoustic model, the ``en-us.lm.bin`` trigram LM and ``cmudict-en-us.dict`` that ship inside
+    the wheel, so it works with no network. 16 kHz, 16-bit mono. Each utterance is decoded from
+    the same initial cepstral mean (live CMN would otherwise carry over from the previous
+    utterance), so a transcript does not depend on batch composition or order: fully
+    deterministic. Options: ``hmm``/``lm``/``dict`` (paths; ``model`` is an alias of ``hmm``),
+    ``loglevel`` and any other ``pocketsphinx.Decoder`` parameter. Measured here: decoder load
+    0.2-0.3 s, RTF 0.10-0.13 (136 s of flite speech in 17.5 s, one thread), corpus WER 11.9% on
+    40 flite ``rms`` sentences. Digital silence decodes to filler words such as "ah".
+    Not a paper-scale recogniser (7.5-27% WER on clean synthetic speech, DESIGN.md section 8):
+    use it to compare systems within this pipeline, not against published numbers.
+``whisper`` (paper scale, Seed-TTS eval protocol)
+    openai-whisper, default ``large-v3``; English, ``task="transcribe"``, temperature 0 with no
+    temperature fallback (deterministic), beam search (``beam_size``, default 5; ``None`` is
+    greedy), no timestamps, fp16 only on CUDA. ``model`` is an official name (downloaded by the
+    package into ``~/.cache/whisper`` on a connected machine) or a path to a checkpoint file
+    ``{"dims": ..., "model_state_dict": ...}``. Clips up to 30 s are each padded to 30 s (as
+    whisper does), encoded as one batch and decoded with ``whisper.decode`` (as a batch when
+    greedy; clip by clip under beam search, because whisper 20250625's batched beam search is
+    broken, openai/whisper#2197); longer clips go through ``whisper.transcribe`` one at a
+    time. ``sample_len`` caps the number of decoded tokens.
+    whisper's own downloader opens the URL with no timeout, so before it is called the cache
+    file is checked and, when missing, the CDN is probed with a short timeout
+    (``connect_timeout``, default 10 s); with ``offline=True`` or ``HF_HUB_OFFLINE=1`` no
+    network is touched at all. A model that cannot be obtained raises ``AsrUnavailableError``.
+``hubert`` (paper scale, PALLE's WER-H)
+    HuBERT-Large fine-tuned for CTC on LibriSpeech 960 h (``facebook/hubert-large-ls960-ft``)
+    through transformers (``HubertForCTC`` + ``Wav2Vec2Processor``), greedy CTC decoding
+    (argmax, collapse repeats, drop the blank and the special tokens <s> </s> <unk>).
+    ``model`` is a hub id or a local ``save_pretrained`` directory. A batch is padded by the
+    feature extractor (per-item normalisation over the real samples) and the attention mask is
+    passed to the model when the checkpoint was trained with one (layer-norm models such as
+    hubert-large); argmax frames are cut to each clip's own length before CTC collapsing, so a
+    batch gives the same text as one clip at a time. Checkpoints trained without attention masks
+    (group-norm models) are run one clip at a time, since zero padding changes their output.
+    Loading tries the local cache first (``local_files_only=True``); if that fails it probes the
+    hub endpoint with a short timeout before letting ``from_pretrained`` download, because
+    huggingface_hub retries a failing connection for ~23 s. ``offline=True`` or
+    ``HF_HUB_OFFLINE=1`` skips the network; failure raises ``AsrUnavailableError``.
+
+``transcribe_files(backend, paths)`` loads each file with ``audio.load_mono`` at 16 kHz, feeds
+batches of ``batch_size`` to the backend and returns the texts in input order.
+
+Tests (tests/test_asr.py, ~10 s): pocketsphinx decodes real flite speech (``-voice rms``) with
+low WER, resampled input, deterministically and independently of batch order and of the
+decoder instance; whisper runs the full load_model/log-mel/encode/decode/tokenizer path on a
+tiny random-weight checkpoint loaded from a path (beam search and greedy, a >30 s clip,
+determinism); hubert runs tiny random HubertForCTC models (layer-norm with attention masks and
+group-norm without) + CTC tokenizer + feature extractor saved with ``save_pretrained``,
+checking batch == per-item output (padding), determinism and the CTC collapse; the offline
+errors of both hub backends are checked with the network simulated away (nothing is fetched).
+Real weights (large-v3, hubert-large-ls960-ft) and the CUDA paths are not exercised here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import itertools
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from arnar.evaluate.audio import load_mono, resample
+
+SAMPLE_RATE = 16_000
+ASR_BACKENDS = ("pocketsphinx", "whisper", "hubert")
+DEFAULT_MODELS = {
+    "pocketsphinx": "en-us",
+    "whisper": "large-v3",
+    "hubert": "facebook/hubert-large-ls960-ft",
+}
+OFFLINE_HINT = "load_asr('pocketsphinx') works offline (its wheel ships an English model)"
+
+
+class AsrUnavailableError(RuntimeError):
+    """The recogniser's weights cannot be obtained here (e.g. an offline machine, empty cache)."""
+
+
+@runtime_checkable
+class AsrBackend(Protocol):
+    name: str  # "pocketsphinx" | "whisper" | "hubert"
+    model_id: str  # what was loaded (package model name, hub id or local path), for reports
+
+    def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
+        """Raw text for each mono float clip (no normalisation beyond what the model emits)."""
+        ...
+
+
+def load_asr(
+    name: str, *, model: str | None = None, device: str = "cpu", **options: Any
+) -> AsrBackend:
+    """Build the backend ``name`` (see the module docstring for ``model`` and ``options``)."""
+    if name == "pocketsphinx":
+        return PocketSphinxAsr(model, device=device, **options)
+    if name == "whisper":
+        return WhisperAsr(model, device=device, **options)
+    if name == "hubert":
+        return HubertAsr(model, device=device, **options)
+    raise ValueError(f"unknown ASR backend {name!r}; choose one of {', '.join(ASR_BACKENDS)}")
+
+
+def transcribe_files(
+    backend: AsrBackend, paths: Sequence[Path], batch_size: int = 8, progress: bool = True
+) -> list[str]:
+    """Transcribe audio files in order, ``batch_size`` clips per backend call."""
+    from tqdm import tqdm
+
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    paths = list(paths)
+    texts: list[str] = []
+    with tqdm(total=len(paths), desc=f"ASR ({backend.name})", unit="utt", disable=not progress) as bar:
+        for start in range(0, len(paths), batch_size):
+            chunk = paths[start : start + batch_size]
+            audio = [load_mono(p, SAMPLE_RATE)[0] for p in chunk]
+            out = backend.transcribe(audio, SAMPLE_RATE)
+            if len(out) != len(chunk):
+                raise RuntimeError(f"{backend.name} returned {len(out)} texts for {len(chunk)} clips")
+            texts.extend(out)
+            bar.update(len(chunk))
+    return texts
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def _prepare(audio: Sequence[np.ndarray], sample_rate: int) -> list[np.ndarray]:
+    """Validate clips and bring them to 16 kHz float32."""
+    clips = []
+    for i, clip in enumerate(audio):
+        clip = np.asarray(clip, dtype=np.float32)
+        if clip.ndim != 1:
+            raise ValueError(f"clip {i}: expected mono 1-D audio, got shape {clip.shape}")
+        if not np.all(np.isfinite(clip)):
+            raise ValueError(f"clip {i}: non-finite samples")
+        clips.append(resample(clip, sample_rate, SAMPLE_RATE) if clip.size else clip)
+    return clips
+
+
+def _env_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _unreachable(url: str, timeout: float) -> str | None:
+    """None if a server answers ``url`` within ``timeout`` s (any HTTP status), else the reason."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return None
+    except urllib.error.HTTPError:  # the server answered: the network is there
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        return str(getattr(err, "reason", err))
+
+
+# --------------------------------------------------------------------------- pocketsphinx
+
+
+class PocketSphinxAsr:
+    """PocketSphinx 5 with the model shipped in its wheel (or given hmm/lm/dict paths)."""
+
+    name = "pocketsphinx"
+
+    def __init__(self, model: str | None = None, *, device: str = "cpu", **options: Any):
+        import pocketsphinx
+
+        # device is accepted for a uniform call signature; pocketsphinx runs on the CPU.
+        del device
+        config: dict[str, Any] = {"loglevel": "FATAL"}
+        if model is not None and model != DEFAULT_MODELS["pocketsphinx"]:
+            options.setdefault("hmm", model)
+        for key in ("hmm", "lm", "dict"):
+            if options.get(key) is not None:
+                path = Path(options[key]).expanduser()
+                if not path.exists():
+                    raise FileNotFoundError(f"pocketsphinx {key}: {path} does not exist")
+                options[key] = str(path)
+        if "samprate" in options and int(options["samprate"]) != SAMPLE_RATE:
+            raise ValueError("the pocketsphinx backend decodes 16 kHz audio; leave samprate alone")
+        config.update(options)
+        try:
+            self._decoder = pocketsphinx.Decoder(**config)
+        except KeyError as err:  # pocketsphinx reports an unknown parameter as KeyError
+            raise ValueError(f"pocketsphinx: {err.args[0] if err.args else err}") from None
+        self._cmn_init = self._decoder.get_cmn()
+        version = importlib.metadata.version("pocketsphinx")
+        custom = [f"{k}={options[k]}" for k in ("hmm", "lm", "dict") if options.get(k) is not None]
+        self.model_id = f"pocketsphinx-{version}:" + (",".join(custom) if custom else "en-us")
+
+    def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
+        return [self._decode(clip) for clip in _prepare(audio, sample_rate)]
+
+    def _decode(self, clip: np.ndarray) -> str:
+        if clip.size == 0:
+            return ""
+        pcm = np.round(np.clip(clip, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+        dec = self._decoder
+        dec.set_cmn(self._cmn_init)  # same starting point for every utterance
+        dec.start_utt()
+        dec.process_raw(pcm, no_search=False, full_utt=True)
+        dec.end_utt()
+        hyp = dec.hyp()
+        return hyp.hypstr if hyp is not None else ""
+
+
+# --------------------------------------------------------------------------- whisper
+
+
+class WhisperAsr:
+    """openai-whisper, deterministic English decoding (temperature 0, beam search, no fallback)."""
+
+    name = "whisper"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        device: str = "cpu",
+        beam_size: int | None = 5,
+        sample_len: int | None = None,
+        language: str = "en",
+        fp16: bool | None = None,
+        download_root: str | None = None,
+        offline: bool | None = None,
+        connect_timeout: float = 10.0,
+    ):
+        import whisper
+
+        model = model or DEFAULT_MODELS["whisper"]
+        offline = _env_offline() if offline is None else offline
+        if model in whisper._MODELS:
+            self._ensure_downloadable(whisper, model, download_root, offline, connect_timeout)
+            source = model
+        else:
+            path = Path(model).expanduser()
+            if not path.is_file():
+                raise AsrUnavailableError(
+                    f"whisper model {model!r} is neither an official name "
+                    f"({', '.join(whisper.available_models())}) nor a checkpoint file"
+                )
+            source = str(path)
+        try:
+            self._model = whisper.load_model(source, device=device, download_root=download_root)
+        except (urllib.error.URLError, OSError) as err:  # a download that broke half-way
+            raise AsrUnavailableError(
+                f"whisper model {model!r} could not be downloaded ({err}); {OFFLINE_HINT}"
+            ) from err
+        self._model.eval()
+        self._whisper = whisper
+        self.model_id = source
+        self.device = device
+        self.options = whisper.DecodingOptions(
+            task="transcribe",
+            language=language,
+            temperature=0.0,
+            beam_size=beam_size,
+            sample_len=sample_len,
+            without_timestamps=True,
+            fp16=str(device).startswith("cuda") if fp16 is None else fp16,
+        )
+
+    @staticmethod
+    def _ensure_downloadable(whisper, name: str, root: str | None, offline: bool, timeout: float):
+        """Fail fast when ``name`` is not cached and cannot be fetched (whisper has no timeout)."""
+        url = whisper._MODELS[name]
+        if root is None:
+            root = os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "whisper")
+        target = Path(root) / os.path.basename(url)
+        if target.is_file():
+            return  # whisper checks its SHA256 and re-downloads only if it does not match
+        what = f"whisper model {name!r} is not in the cache ({target})"
+        todo = (
+            f"run load_asr('whisper', model={name!r}) once on a connected machine (or copy the "
+            f"file there), or pass model=<path to a checkpoint .pt>; {OFFLINE_HINT}"
+        )
+        if offline:
+            raise AsrUnavailableError(f"{what} and offline mode is on; {todo}")
+        reason = _unreachable(url, timeout)
+        if reason is not None:
+            raise AsrUnavailableError(f"{what} and cannot be downloaded ({reason}); {todo}")
+
+    def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
+        import torch
+
+        wh = self._whisper
+        clips = _prepare(audio, sample_rate)
+        texts = [""] * len(clips)
+        short = [i for i, c in enumerate(clips) if 0 < c.size <= wh.audio.N_SAMPLES]
+        n_mels = self._model.dims.n_mels
+        with torch.inference_mode():
+            if short:
+                padded = [wh.pad_or_trim(torch.from_numpy(clips[i])) for i in short]
+                mel = torch.stack([wh.log_mel_spectrogram(a, n_mels) for a in padded])
+                mel = mel.to(self._model.device)
+                # Encoder once for the batch; decode() skips it when given encoder output.
+                feats = self._model.encoder(mel.half() if self.options.fp16 else mel)
+                if (self.options.beam_size or 1) > 1:
+                    # whisper 20250625 cannot beam-search a batch (openai/whisper#2197, #2389:
+                    # audio features are not repeated per beam); decode clip by clip.
+                    results = [wh.decode(self._model, feats[j : j + 1], self.options)[0]
+                               for j in range(len(short))]
+                else:
+                    results = wh.decode(self._model, feats, self.options)
+                for i, result in zip(short, results):
+                    texts[i] = result.text
+            for i, clip in enumerate(clips):
+                if clip.size > wh.audio.N_SAMPLES:
+                    opts = self.options
+                    result = self._model.transcribe(
+                        clip, verbose=None, temperature=0.0, language=opts.language,
+                        task=opts.task, beam_size=opts.beam_size, fp16=opts.fp16,
+                        sample_len=opts.sample_len, without_timestamps=False,
+                    )
+                    texts[i] = result["text"].strip()
+        return texts
+
+
+# --------------------------------------------------------------------------- HuBERT CTC
+
+
+class HubertAsr:
+    """HuBERT (or any Wav2Vec2-style) CTC model from transformers, greedy decoding."""
+
+    name = "hubert"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        device: str = "cpu",
+        revision: str | None = None,
+        offline: bool | None = None,
+        connect_timeout: float = 10.0,
+    ):
+        import torch
+
+        model = model or DEFAULT_MODELS["hubert"]
+        offline = _env_offline() if offline is None else offline
+        local = Path(model).expanduser()
+        if local.is_dir():
+            self._model, self._processor = self._load(str(local), local_files_only=True)
+            self.model_id = str(local)
+        elif local.exists() or model.startswith(("/", ".", "~")):
+            raise AsrUnavailableError(f"HuBERT model {model!r}: no such model directory")
+        else:
+            self._model, self._processor = self._fetch(model, revision, offline, connect_timeout)
+            self.model_id = model if revision is None else f"{model}@{revision}"
+        self._model.to(device).eval()
+        self.device = device
+        self._torch = torch
+        fe = self._processor.feature_extractor
+        if fe.sampling_rate != SAMPLE_RATE:
+            raise ValueError(f"{model}: feature extractor expects {fe.sampling_rate} Hz, not 16 kHz")
+        self._use_mask = bool(fe.return_attention_mask)
+
+    @staticmethod
+    def _load(source: str, **kwargs):
+        from transformers import HubertForCTC, Wav2Vec2Processor
+
+        processor = Wav2Vec2Processor.from_pretrained(source, **kwargs)
+        model = HubertForCTC.from_pretrained(source, **kwargs)
+        return model, processor
+
+    def _fetch(self, hub_id: str, revision: str | None, offline: bool, timeout: float):
+        kwargs = {} if revision is None else {"revision": revision}
+        try:
+            return self._load(hub_id, local_files_only=True, **kwargs)
+        except OSError:
+            pass  # not (completely) cached
+        todo = (
+            f"download it once on a connected machine (it lands in the Hugging Face cache) or pass "
+            f"model=<local directory from save_pretrained>; {OFFLINE_HINT}"
+        )
+        what = f"HuBERT model {hub_id!r} is not in the Hugging Face cache"
+        if offline:
+            raise AsrUnavailableError(f"{what} and offline mode is on (HF_HUB_OFFLINE); {todo}")
+        from huggingface_hub import constants
+
+        reason = _unreachable(f"{constants.ENDPOINT}/api/models/{hub_id}", timeout)
+        if reason is not None:
+            raise AsrUnavailableError(f"{what} and the hub is unreachable ({reason}); {todo}")
+        try:
+            return self._load(hub_id, **kwargs)
+        except OSError as err:  # hub errors (repo not found, broken download) are OSErrors
+            raise AsrUnavailableError(f"{what} and could not be downloaded ({err}); {todo}") from err
+
+    def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
+        clips = _prepare(audio, sample_rate)
+        lengths = self._frames([c.size for c in clips])
+        texts = [""] * len(clips)
+        todo = [i for i, n in enumerate(lengths) if n > 0]  # shorter than one CTC frame: ""
+        groups = [todo] if self._use_mask else [[i] for i in todo]
+        for group in groups:
+            if group:
+                for i, text in zip(group, self._decode([clips[i] for i in group])):
+                    texts[i] = text
+        return texts
+
+    def _frames(self, n_samples: list[int]) -> list[int]:
+        torch = self._torch
+        if not n_samples:
+            return []
+        out = self._model._get_feat_extract_output_lengths(torch.tensor(n_samples, dtype=torch.long))
+        return [max(int(n), 0) for n in out]
+
+    def _decode(self, clips: list[np.ndarray]) -> list[str]:
+        torch = self._torch
+        fe = self._processor.feature_extractor
+        inputs = fe(
+            clips,
+            sampling_rate=SAMPLE_RATE,
+            padding=True,
+            return_attention_mask=True,  # per-clip normalisation over the real samples
+            return_tensors="pt",
+        )
+        values = inputs["input_values"].to(self.device)
+        mask = inputs["attention_mask"].to(self.device) if self._use_mask else None
+        with torch.inference_mode():
+            ids = self._model(values, attention_mask=mask).logits.argmax(dim=-1).cpu()
+        frames = self._frames([c.size for c in clips])
+        return [self._ctc_text(ids[i, :n].tolist()) for i, n in enumerate(frames)]
+
+    def _ctc_text(self, frame_ids: list[int]) -> str:
+        """Greedy CTC: collapse repeats, drop the blank (<pad>) and other special tokens.
+
+        Done here rather than with ``tokenizer.decode(skip_special_tokens=True)``, which in
+        transformers 5 drops the blank before collapsing repeats (turning ``L <pad> L`` into ``L``).
+        """
+        tokenizer = self._processor.tokenizer
+        keep_delimiter = tokenizer.word_delimiter_token_id
+        drop = set(tokenizer.all_special_ids) | {tokenizer.pad_token_id}
+        drop.discard(keep_delimiter)
+        ids = [k for k, _ in itertools.groupby(frame_ids) if k not in drop]
+        return tokenizer.decode(ids, group_tokens=False)

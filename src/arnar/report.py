@@ -1,0 +1,308 @@
+"""The report: paper-format Markdown tables, plots, a metrics file for DVC, an HTML page with audio.
+
+Inputs are the evaluation results (``results/<profile>/eval/<system>/<task>.json`` and the
+ground-truth audit); nothing is recomputed here. The comparison table follows palle.txt
+Table 3: one row per system (reference rows first), per task the WER of every ASR backend
+under both conventions, SIM, and the speed columns; a dash where a system has no value (the
+ground truth has no generation time).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on these machines
+import matplotlib.pyplot as plt  # noqa: E402
+
+from arnar.evaluate.testlists import TASKS, read_testlist  # noqa: E402
+
+TASK_TITLES = {"continuation": "Continuation", "cross_sentence": "Cross-sentence"}
+ASR_SHORT = {"whisper": "W", "hubert": "H", "pocketsphinx": "P"}  # WER-W / WER-H as in PALLE
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp.{path.name}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_results(eval_dir: Path, systems: Sequence[str]) -> dict[str, dict[str, dict]]:
+    results = {}
+    for system in systems:
+        results[system] = {}
+        for task in TASKS:
+            path = eval_dir / system / f"{task}.json"
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: evaluation result missing for system {system!r}")
+            results[system][task] = json.loads(path.read_text(encoding="utf-8"))
+    return results
+
+
+def comparison_table(results: dict[str, dict[str, dict]]) -> str:
+    """One Markdown table per task, palle.txt Table 3 columns."""
+    first = next(iter(results.values()))[TASKS[0]]
+    asr_names = list(first["asr"])
+    lines = []
+    for task in TASKS:
+        header = ["System"]
+        for name in asr_names:
+            short = ASR_SHORT.get(name, name)
+            header += [f"WER-{short} utt-mean (%) ↓", f"WER-{short} corpus (%) ↓"]
+        header += ["SIM ↑", "MOS ↑", "RTF token ↓", "RTF e2e ↓", "FPL-A (s) ↓", "FPL-L (s) ↓", "Passes", "Missing"]
+        lines += [f"### {TASK_TITLES[task]}", "", "| " + " | ".join(header) + " |",
+                  "|" + "|".join("---" for _ in header) + "|"]
+        for system, tasks in results.items():
+            r = tasks[task]
+            row = [system]
+            for name in asr_names:
+                row += [_fmt(r["asr"][name]["wer_utterance_mean"]), _fmt(r["asr"][name]["wer_corpus"])]
+            speed = r.get("speed") or {}
+            row += [
+                _fmt(r["sim"]["mean"], 3),
+                _fmt((r.get("mos") or {}).get("mean")),
+                _fmt(speed.get("rtf_token_stage"), 3),
+                _fmt(speed.get("rtf_end_to_end"), 3),
+                _fmt(speed.get("fpl_a"), 3),
+                _fmt(speed.get("fpl_l"), 3),
+                _fmt(speed.get("forward_passes"), 1),
+                str(len(r["missing"])),
+            ]
+            lines.append("| " + " | ".join(row) + " |")
+        models = ", ".join(f"{n}: {first['asr'][n]['model']}" for n in asr_names)
+        lines += ["", f"{tasks[task]['items']} items. ASR {models}; SIM {first['sim']['backend']} "
+                      f"({first['sim']['model']}), {first['sim']['reference']}.", ""]
+    return "\n".join(lines)
+
+
+def audit_table(audit: dict) -> str:
+    lines = [f"{audit['utterances']} utterances, {audit['speakers']} speakers.", ""]
+    for name, asr in audit["asr"].items():
+        lines += [f"### WER of the recordings, ASR {name} ({asr['model']})", "",
+                  "| Voice | Utterances | WER utt-mean (%) | WER corpus (%) |", "|---|---|---|---|"]
+        for voice, s in list(asr["per_voice"].items()) + [("**overall**", asr["overall"])]:
+            lines.append(f"| {voice} | {s['utterances']} | {_fmt(s['wer_utterance_mean'])} | {_fmt(s['wer_corpus'])} |")
+        lines.append("")
+    sim = audit["sim"]
+    lines += [f"### Speaker similarity, {sim['backend']} ({sim['model']})", "",
+              "| Pairs | Same-speaker mean | Other mean | AUC ↑ | EER (%) ↓ | Same pairs | Other pairs |",
+              "|---|---|---|---|---|---|---|"]
+    for key, title in (("same_vs_different_speaker", "same vs any other speaker"),
+                       ("same_vs_other_voice", "same vs other voice"),
+                       ("same_vs_variant_of_same_voice", "same vs pitch/tempo variant of the same voice")):
+        s = sim.get(key)
+        if s:
+            lines.append(f"| {title} | {s['same_mean']:.3f} | {s['different_mean']:.3f} | {s['auc']:.3f} | "
+                         f"{100 * s['eer']:.1f} | {s['same_pairs']} | {s['different_pairs']} |")
+    return "\n".join(lines) + "\n"
+
+
+def metrics_summary(results: dict[str, dict[str, dict]], audit: dict) -> dict:
+    """The flat numbers DVC tracks as metrics (`dvc metrics diff` across experiments)."""
+    summary: dict = {}
+    for system, tasks in results.items():
+        for task, r in tasks.items():
+            entry = {f"wer_{n}_{conv}": round(v[f"wer_{conv}"], 3)
+                     for n, v in r["asr"].items() for conv in ("utterance_mean", "corpus")}
+            entry["sim"] = None if r["sim"]["mean"] is None else round(r["sim"]["mean"], 4)
+            for key, value in (r.get("speed") or {}).items():
+                entry[key] = round(value, 4)
+            summary.setdefault(system, {})[task] = entry
+    sep = audit["sim"].get("same_vs_different_speaker") or {}
+    summary["ground_truth_audit"] = {
+        **{f"wer_{n}_corpus": round(a["overall"]["wer_corpus"], 3) for n, a in audit["asr"].items()},
+        "sim_auc": round(sep.get("auc", float("nan")), 4),
+        "sim_eer": round(sep.get("eer", float("nan")), 4),
+    }
+    return summary
+
+
+# --- plots ----------------------------------------------------------------------------------------
+
+
+def plot_systems(results: dict[str, dict[str, dict]], path: Path) -> None:
+    systems = list(results)
+    asr_names = list(next(iter(results.values()))[TASKS[0]]["asr"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    width = 0.8 / len(TASKS)
+    for k, task in enumerate(TASKS):
+        xs = [i + k * width for i in range(len(systems))]
+        wer = [results[s][task]["asr"][asr_names[0]]["wer_corpus"] for s in systems]
+        sim = [results[s][task]["sim"]["mean"] or 0.0 for s in systems]
+        axes[0].bar(xs, wer, width, label=TASK_TITLES[task])
+        axes[1].bar(xs, sim, width, label=TASK_TITLES[task])
+    for ax, title in zip(axes, (f"WER-{ASR_SHORT.get(asr_names[0], asr_names[0])} corpus (%)", "SIM to prompt")):
+        ax.set_xticks([i + width * (len(TASKS) - 1) / 2 for i in range(len(systems))], systems, rotation=20)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_audit(audit: dict, wer_path: Path, sim_path: Path) -> None:
+    name, asr = next(iter(audit["asr"].items()))
+    groups = asr["per_voice"] or asr["per_speaker"]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    labels = list(groups)
+    ax.bar(labels, [groups[g]["wer_corpus"] for g in labels], color="tab:blue")
+    ax.axhline(asr["overall"]["wer_corpus"], color="black", lw=1, ls="--", label="overall")
+    ax.set_ylabel(f"WER corpus (%), {name}")
+    ax.set_title("Ground truth: WER per " + ("voice" if asr["per_voice"] else "speaker"))
+    ax.tick_params(axis="x", rotation=25)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(wer_path, dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    histograms = audit["sim"].get("histograms") or {}
+    lowest = min((h["edges"][next(i for i, c in enumerate(h["counts"]) if c)] for h in histograms.values()
+                  if any(h["counts"])), default=-1.0)
+    ax.set_xlim(max(-1.0, lowest - 0.05), 1.0)
+    for label, hist in histograms.items():
+        edges, counts = hist["edges"], hist["counts"]
+        total = max(sum(counts), 1)
+        ax.stairs([c / total for c in counts], edges, label=label, fill=False, lw=1.5)
+    ax.set_xlabel(f"cosine ({audit['sim']['backend']})")
+    ax.set_ylabel("share of pairs")
+    ax.set_title("Speaker similarity of pairs")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(sim_path, dpi=110)
+    plt.close(fig)
+
+
+# --- HTML -----------------------------------------------------------------------------------------
+
+_AUDIO_CHECK = """
+// Mark every player once the browser has read its audio: data-state="loaded" or "error".
+// The report test (and a reader) can see at a glance that every file plays.
+document.querySelectorAll("audio").forEach(function (a) {
+  a.dataset.state = "pending";
+  a.addEventListener("loadedmetadata", function () { a.dataset.state = "loaded"; a.title = a.duration.toFixed(2) + " s"; });
+  a.addEventListener("error", function () { a.dataset.state = "error"; a.parentElement.classList.add("broken"); });
+  a.load();
+});
+"""
+
+_STYLE = """
+body { font-family: sans-serif; margin: 2em; max-width: 1200px; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f2f2f2; }
+audio { width: 220px; }
+td.broken { background: #fdd; }
+.small { color: #555; font-size: 0.85em; }
+img { max-width: 100%; }
+"""
+
+
+def _md_table_to_html(markdown: str) -> str:
+    """Render the pipe tables and headings this module writes (no general Markdown)."""
+    out, in_table = [], False
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if all(set(c) <= set("-") for c in cells):
+                continue
+            tag = "th" if not in_table else "td"
+            if not in_table:
+                out.append("<table>")
+                in_table = True
+            out.append("<tr>" + "".join(f"<{tag}>{html.escape(c).replace('**', '')}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if line.startswith("### "):
+            out.append(f"<h3>{html.escape(line[4:])}</h3>")
+        elif line.strip():
+            out.append(f"<p class='small'>{html.escape(line)}</p>")
+    if in_table:
+        out.append("</table>")
+    return "\n".join(out)
+
+
+def build_html(*, profile: str, tables_md: str, audit_md: str, samples: dict, plots: list[str]) -> str:
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>arnar report: {html.escape(profile)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>arnar report — profile <code>{html.escape(profile)}</code></h1>",
+        "<h2>Comparison</h2>", _md_table_to_html(tables_md),
+        "<h2>Plots</h2>", *[f"<img src='{html.escape(p)}' alt='{html.escape(p)}'>" for p in plots],
+        "<h2>Samples</h2>",
+    ]
+    for task, rows in samples.items():
+        systems = list(rows[0]["systems"]) if rows else []
+        parts += [f"<h3>{TASK_TITLES[task]}</h3>", "<table><tr><th>Item</th><th>Text</th><th>Prompt</th>"
+                  + "".join(f"<th>{html.escape(s)}</th>" for s in systems) + "</tr>"]
+        for row in rows:
+            cells = [f"<td><code>{html.escape(row['item_id'])}</code></td>",
+                     f"<td>{html.escape(row['text'])}</td>",
+                     f"<td><audio controls preload='metadata' src='{html.escape(row['prompt'])}'></audio></td>"]
+            for system in systems:
+                src = row["systems"][system]
+                cells.append(f"<td><audio controls preload='metadata' src='{html.escape(src)}'></audio></td>"
+                             if src else "<td class='broken'>missing</td>")
+            parts.append("<tr>" + "".join(cells) + "</tr>")
+        parts.append("</table>")
+    parts += ["<h2>Ground-truth audit</h2>", _md_table_to_html(audit_md),
+              f"<script>{_AUDIO_CHECK}</script></body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, systems_dir: Path,
+                 systems: Sequence[str], out_dir: Path, samples: int, profile: str) -> None:
+    results = load_results(eval_dir, systems)
+    audit = json.loads((eval_dir / "ground_truth_audit.json").read_text(encoding="utf-8"))
+    tables_md = comparison_table(results)
+    audit_md = audit_table(audit)
+    _atomic_text(out_dir / "comparison.md", f"# Comparison — profile {profile}\n\n{tables_md}")
+    _atomic_text(out_dir / "ground_truth_audit.md", f"# Ground-truth audit — profile {profile}\n\n{audit_md}")
+    _atomic_text(out_dir.parent / "metrics.json",
+                 json.dumps(metrics_summary(results, audit), indent=2, sort_keys=True) + "\n")
+
+    plots_dir = out_dir / "plots"
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    plot_systems(results, plots_dir / "systems.png")
+    plot_audit(audit, plots_dir / "ground_truth_wer_per_voice.png", plots_dir / "sim_pairs.png")
+    plots = [f"plots/{p}" for p in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png")]
+
+    # Copy the sampled audio beside the page so the folder is self-contained (and DVC-trackable).
+    audio_dir = out_dir / "audio"
+    shutil.rmtree(audio_dir, ignore_errors=True)
+    sample_rows: dict[str, list] = {}
+    for task in TASKS:
+        items = read_testlist(testlist_dir / f"{task}.tsv")[:samples]
+        rows = []
+        for item in items:
+            name = f"{item.item_id}.wav"
+            prompt_rel = f"audio/{task}/prompt/{name}"
+            (audio_dir / task / "prompt").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(prompts_dir / task / name, out_dir / prompt_rel)
+            row = {"item_id": item.item_id, "text": item.target_text, "prompt": prompt_rel, "systems": {}}
+            for system in systems:
+                source = systems_dir / system / task / name
+                if source.exists():
+                    rel = f"audio/{task}/{system}/{name}"
+                    (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source, out_dir / rel)
+                    row["systems"][system] = rel
+                else:
+                    row["systems"][system] = None
+            rows.append(row)
+        sample_rows[task] = rows
+    _atomic_text(out_dir / "index.html", build_html(profile=profile, tables_md=tables_md, audit_md=audit_md,
+                                                    samples=sample_rows, plots=plots))

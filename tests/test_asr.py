@@ -1,0 +1,289 @@
+"""Tests of the ASR backends (arnar.evaluate.asr).
+
+pocketsphinx decodes real speech synthesized with flite; whisper and HuBERT run their full
+loading and decoding paths on tiny random-weight models built here (real weights need the
+network), so their outputs are garbage text but must be strings, fast and deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import pytest
+import soundfile as sf
+
+from arnar.evaluate import asr
+from arnar.evaluate.asr import AsrBackend, AsrUnavailableError, load_asr, transcribe_files
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call the doctor before noon tomorrow.",
+    "The children walked to school in the morning.",
+]
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z' ]", " ", text.lower()).split())
+
+
+def _tone(seconds: float, rate: int = 16_000, seed: int = 0) -> np.ndarray:
+    """A deterministic speech-like test signal (harmonics + a little noise)."""
+    t = np.arange(int(seconds * rate)) / rate
+    f0 = 120 + 30 * np.sin(2 * np.pi * 3 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    x = sum(np.sin(k * phase) / k for k in range(1, 6))
+    x += 0.05 * np.random.default_rng(seed).standard_normal(t.size)
+    return (0.3 * x / np.abs(x).max()).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- interface
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="pocketsphinx"):
+        load_asr("nope")
+
+
+def test_transcribe_files_batches_in_order(tmp_path):
+    class Echo:
+        name = "echo"
+        model_id = "echo"
+
+        def __init__(self):
+            self.calls = []
+
+        def transcribe(self, audio, sample_rate):
+            assert sample_rate == 16_000
+            self.calls.append(len(audio))
+            return [f"{a.size}" for a in audio]
+
+    paths = []
+    for i, secs in enumerate([0.5, 1.0, 0.25, 0.75, 1.5]):
+        p = tmp_path / f"{i}.wav"
+        sf.write(p, _tone(secs, 22_050, seed=i), 22_050)  # resampled to 16 kHz on load
+        paths.append(p)
+    echo = Echo()
+    assert isinstance(echo, AsrBackend)
+    out = transcribe_files(echo, paths, batch_size=2, progress=False)
+    assert echo.calls == [2, 2, 1]
+    assert out == [str(round(s * 16_000)) for s in (0.5, 1.0, 0.25, 0.75, 1.5)]
+
+
+# --------------------------------------------------------------------------- pocketsphinx
+
+
+@pytest.fixture(scope="module")
+def flite_wavs(tmp_path_factory) -> list[Path]:
+    if shutil.which("flite") is None:
+        pytest.skip("needs the Debian package flite (apt-get install flite)")
+    out = tmp_path_factory.mktemp("flite")
+    paths = []
+    for i, text in enumerate(SENTENCES):
+        path = out / f"s{i}.wav"
+        subprocess.run(["flite", "-voice", "rms", "-t", text, "-o", str(path)], check=True)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def sphinx() -> AsrBackend:
+    return load_asr("pocketsphinx")
+
+
+def test_pocketsphinx_recognises_flite(sphinx, flite_wavs):
+    assert sphinx.name == "pocketsphinx"
+    assert sphinx.model_id.startswith("pocketsphinx-5") and sphinx.model_id.endswith("en-us")
+    assert isinstance(sphinx, AsrBackend)
+    start = time.perf_counter()
+    texts = transcribe_files(sphinx, flite_wavs, batch_size=2, progress=False)
+    elapsed = time.perf_counter() - start
+    duration = sum(sf.info(str(p)).duration for p in flite_wavs)
+    assert all(isinstance(t, str) and t for t in texts)
+    wer = jiwer.wer([_norm(s) for s in SENTENCES], [_norm(t) for t in texts])
+    assert wer < 0.35, (wer, texts)
+    assert elapsed / duration < 1.0, f"RTF {elapsed / duration:.2f}"
+
+
+def test_pocketsphinx_deterministic_and_order_free(sphinx, flite_wavs):
+    audio = [sf.read(str(p), dtype="float32")[0] for p in flite_wavs]
+    first = sphinx.transcribe(audio, 16_000)
+    assert sphinx.transcribe(audio[::-1], 16_000)[::-1] == first
+    fresh = load_asr("pocketsphinx")
+    assert fresh.transcribe(audio, 16_000) == first
+
+
+def test_pocketsphinx_resamples_and_handles_silence(sphinx, flite_wavs):
+    audio, rate = sf.read(str(flite_wavs[0]), dtype="float32")
+    from arnar.evaluate.audio import resample
+
+    up = resample(audio, rate, 24_000)
+    text = sphinx.transcribe([up], 24_000)[0]
+    assert jiwer.wer(_norm(SENTENCES[0]), _norm(text)) < 0.35, text
+    empty, silence = sphinx.transcribe([np.zeros(0, np.float32), np.zeros(8000, np.float32)], 16_000)
+    assert empty == "" and isinstance(silence, str)  # silence gives whatever the model emits
+    assert sphinx.transcribe([], 16_000) == []
+    with pytest.raises(ValueError, match="mono"):
+        sphinx.transcribe([np.zeros((2, 100), np.float32)], 16_000)
+
+
+def test_pocketsphinx_custom_paths(tmp_path):
+    import pocketsphinx
+
+    lm = pocketsphinx.get_model_path("en-us/en-us.lm.bin")
+    backend = load_asr("pocketsphinx", lm=lm)
+    assert "lm=" in backend.model_id
+    with pytest.raises(FileNotFoundError):
+        load_asr("pocketsphinx", dict=str(tmp_path / "missing.dict"))
+
+
+# --------------------------------------------------------------------------- whisper
+
+
+@pytest.fixture(scope="module")
+def tiny_whisper(tmp_path_factory) -> Path:
+    import torch
+    from whisper.model import ModelDimensions, Whisper
+
+    torch.manual_seed(0)
+    dims = ModelDimensions(
+        n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
+        n_vocab=51865, n_text_ctx=448, n_text_state=64, n_text_head=2, n_text_layer=1,
+    )
+    model = Whisper(dims)
+    path = tmp_path_factory.mktemp("whisper") / "tiny-random.pt"
+    torch.save({"dims": dims.__dict__, "model_state_dict": model.state_dict()}, path)
+    return path
+
+
+def test_whisper_tiny_checkpoint_runs(tiny_whisper):
+    start = time.perf_counter()
+    backend = load_asr("whisper", model=str(tiny_whisper), beam_size=2, sample_len=8)
+    assert backend.name == "whisper" and backend.model_id == str(tiny_whisper)
+    assert backend.options.temperature == 0.0 and backend.options.fp16 is False
+    clips = [_tone(1.0, seed=1), _tone(2.0, seed=2)]
+    texts = backend.transcribe(clips, 16_000)
+    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+    assert backend.transcribe(clips, 16_000) == texts  # deterministic
+    assert backend.transcribe(clips[1:], 16_000) == texts[1:]  # batch == per item
+    assert backend.transcribe([np.zeros(0, np.float32)], 16_000) == [""]
+    # greedy decoding runs the clips as one batch; clips over 30 s go through whisper.transcribe
+    greedy = load_asr("whisper", model=str(tiny_whisper), beam_size=None, sample_len=8)
+    clips.append(_tone(31.0, seed=3))
+    texts = greedy.transcribe(clips, 16_000)
+    assert len(texts) == 3 and all(isinstance(t, str) for t in texts)
+    assert greedy.transcribe(clips[::-1], 16_000) == texts[::-1]
+    assert time.perf_counter() - start < 20
+
+
+def test_whisper_unavailable_offline_fails_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(AsrUnavailableError, match="large-v3.*not in the cache"):
+        load_asr("whisper", download_root=str(tmp_path))
+    assert time.perf_counter() - start < 5
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(AsrUnavailableError, match="not in the cache"):
+        load_asr("whisper", model="tiny.en", download_root=str(tmp_path), offline=True)
+    with pytest.raises(AsrUnavailableError, match="checkpoint file"):
+        load_asr("whisper", model=str(tmp_path / "missing.pt"))
+    assert not any(tmp_path.iterdir())  # nothing half-downloaded
+
+
+def test_whisper_unreachable_cdn_fails_fast(tmp_path, monkeypatch):
+    # Simulate a machine without network without touching the real one.
+    def refuse(*args, **kwargs):
+        raise asr.urllib.error.URLError("network is unreachable (simulated)")
+
+    monkeypatch.setattr(asr.urllib.request, "urlopen", refuse)
+    with pytest.raises(AsrUnavailableError, match="simulated"):
+        load_asr("whisper", model="tiny", download_root=str(tmp_path), offline=False)
+
+
+# --------------------------------------------------------------------------- HuBERT
+
+
+@pytest.fixture(scope="module", params=["layer", "group"])
+def tiny_hubert(request, tmp_path_factory) -> Path:
+    """hubert-large style (layer norm, attention masks) and hubert-base style (group norm)."""
+    import torch
+    from transformers import (
+        HubertConfig,
+        HubertForCTC,
+        Wav2Vec2CTCTokenizer,
+        Wav2Vec2FeatureExtractor,
+        Wav2Vec2Processor,
+    )
+
+    out = tmp_path_factory.mktemp(f"hubert-{request.param}")
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "|": 4}
+    for c in "ETAOINSHRDLUCMFWYGPBVKXJQZ'":
+        vocab[c] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = Wav2Vec2CTCTokenizer(
+        str(out / "vocab.json"), unk_token="<unk>", pad_token="<pad>", word_delimiter_token="|"
+    )
+    extractor = Wav2Vec2FeatureExtractor(
+        feature_size=1, sampling_rate=16_000, padding_value=0.0, do_normalize=True,
+        return_attention_mask=request.param == "layer",
+    )
+    config = HubertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, conv_dim=(16,) * 7, num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2, feat_extract_norm=request.param,
+        do_stable_layer_norm=request.param == "layer",
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = HubertForCTC(config)
+    Wav2Vec2Processor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(out)
+    model.save_pretrained(out)
+    return out
+
+
+def test_hubert_tiny_batch_equals_items(tiny_hubert):
+    start = time.perf_counter()
+    backend = load_asr("hubert", model=str(tiny_hubert))
+    assert backend.name == "hubert" and backend.model_id == str(tiny_hubert)
+    clips = [_tone(1.0, seed=3), _tone(1.7, seed=4), _tone(0.6, seed=5)]
+    batch = backend.transcribe(clips, 16_000)
+    assert len(batch) == 3 and all(isinstance(t, str) for t in batch)
+    assert any(batch), "a random CTC model should emit some letters"
+    assert [backend.transcribe([c], 16_000)[0] for c in clips] == batch
+    assert backend.transcribe(clips, 16_000) == batch
+    assert backend.transcribe([clips[1], clips[0]], 16_000) == [batch[1], batch[0]]
+    assert backend.transcribe([np.zeros(100, np.float32), clips[0]], 16_000) == ["", batch[0]]
+    assert set("".join(batch)) <= set("ETAOINSHRDLUCMFWYGPBVKXJQZ' ")
+    assert time.perf_counter() - start < 20
+
+
+def test_hubert_ctc_collapse(tiny_hubert):
+    backend = load_asr("hubert", model=str(tiny_hubert))
+    vocab = json.loads((tiny_hubert / "vocab.json").read_text())
+    frames = "<pad> L L <pad> L | | <s> A <unk> A </s> <pad>".split()
+    ids = [vocab[t] for t in frames]
+    assert backend._ctc_text(ids) == "LL AA"
+    assert backend._ctc_text([]) == ""
+
+
+def test_hubert_unavailable_offline_fails_fast(tmp_path, monkeypatch):
+    missing = "arnar-tests/no-such-hubert"  # never in a cache
+    monkeypatch.setattr(asr.urllib.request, "urlopen", _no_network)
+    start = time.perf_counter()
+    with pytest.raises(AsrUnavailableError, match="offline mode"):
+        load_asr("hubert", model=missing, offline=True)
+    with pytest.raises(AsrUnavailableError, match="unreachable.*simulated"):
+        load_asr("hubert", model=missing, offline=False)
+    with pytest.raises(AsrUnavailableError, match="no such model directory"):
+        load_asr("hubert", model=str(tmp_path / "missing"))
+    assert time.perf_counter() - start < 10
+
+
+def _no_network(*args, **kwargs):
+    raise asr.urllib.error.URLError("network is unreachable (simulated)")

@@ -1,0 +1,141 @@
+"""Evaluation runner: test lists, one system on one task (real offline backends), speed summary."""
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from arnar.evaluate.run import evaluate_system, speed_summary
+from arnar.evaluate.testlists import (
+    TestItem,
+    TestListError,
+    build_testlists,
+    read_testlist,
+    to_tsv,
+    verify_testlist,
+)
+
+
+def _item(n, task="cross_sentence", text="The birch canoe slid on the smooth planks.", prompt="p"):
+    return TestItem(item_id=f"i{n}", task=task, speaker="s", target_id=f"t{n}", target_text=text,
+                    target_duration=4.5, prompt_id=prompt, prompt_start=0.0, prompt_end=3.0, prompt_text="")
+
+
+@pytest.fixture(scope="module")
+def test_cuts(tmp_path_factory):
+    """A held-out split of two speakers with word alignments, through the real ingest."""
+    from arnar.data.manifests import ingest_corpus
+    from arnar.data.validate import ValidationLimits
+
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "speakers.tsv").write_text("speaker\tsplit\na\ttest\nb\ttest\n")
+    rng = np.random.default_rng(0)
+    durations = {"a": [2.0, 4.5, 5.0, 6.0], "b": [4.2, 11.0]}
+    for speaker, lengths in durations.items():
+        (root / speaker).mkdir()
+        for k, seconds in enumerate(lengths):
+            utt = f"{speaker}{k}"
+            sf.write(root / speaker / f"{utt}.wav", 0.1 * rng.standard_normal(int(seconds * 16000)), 16000)
+            (root / speaker / f"{utt}.txt").write_text(f"word one two three {utt}")
+            words = [["word", 0.0, 1.0], ["one", 1.0, 2.9], ["two", 2.9, 3.5], ["three", 3.5, 4.0]]
+            (root / speaker / f"{utt}.align.json").write_text(json.dumps({"phones": [], "words": words}))
+    out = tmp_path_factory.mktemp("manifests")
+    limits = ValidationLimits(sample_rate=16000, min_duration=0.5, max_duration=30.0)
+    ingest_corpus(root, out, limits=limits, dev_fraction=0.0, seed=0, progress=False)
+    return out / "test_cuts.jsonl"
+
+
+def test_testlists_follow_the_protocol(test_cuts):
+    lists = build_testlists(test_cuts, min_duration=4.0, max_duration=10.0, prompt_seconds=3.0,
+                            max_items=100, seed=7)
+    cont = {i.target_id: i for i in lists["continuation"]}
+    # 4-10 s and at least 1 s after the 3 s prompt: a2 (2.0 s) and b1 (11.0 s) are out
+    assert sorted(cont) == ["a1", "a2", "a3", "b0"]
+    assert all(i.prompt_id == i.target_id and i.prompt_end == 3.0 for i in cont.values())
+    # prompt text: the words that end by 3.0 s ("word" 0-1, "one" 1-2.9)
+    assert cont["a1"].prompt_text == "word one"
+    cross = {i.target_id: i for i in lists["cross_sentence"]}
+    assert sorted(cross) == ["a1", "a2", "a3", "b0"]
+    for item in cross.values():
+        assert item.prompt_id != item.target_id and item.prompt_id[0] == item.target_id[0]  # same speaker
+    assert cross["b0"].prompt_id == "b1"  # b's only other utterance, even though it is over 10 s
+    again = build_testlists(test_cuts, min_duration=4.0, max_duration=10.0, prompt_seconds=3.0,
+                            max_items=100, seed=7)
+    assert again == lists
+    capped = build_testlists(test_cuts, min_duration=4.0, max_duration=10.0, prompt_seconds=3.0,
+                             max_items=2, seed=7)
+    assert len(capped["continuation"]) == 2
+
+
+def test_testlists_without_items_say_why(test_cuts):
+    with pytest.raises(TestListError, match="no continuation items"):
+        build_testlists(test_cuts, min_duration=20.0, max_duration=30.0, prompt_seconds=3.0, max_items=10, seed=0)
+
+
+def test_frozen_list_round_trip_and_mismatch(tmp_path):
+    items = [_item(1), _item(2)]
+    frozen = tmp_path / "cross_sentence.tsv"
+    frozen.write_text(to_tsv(items))
+    assert read_testlist(frozen) == items
+    verify_testlist(frozen, items)
+    changed = [_item(1), _item(2, text="Another sentence."), _item(3)]
+    with pytest.raises(TestListError, match=r"1 new items .*1 items with other text.*arnar testlists --write"):
+        verify_testlist(frozen, changed)
+    (tmp_path / "bad.tsv").write_text("item_id\tnope\n")
+    with pytest.raises(TestListError, match="columns"):
+        read_testlist(tmp_path / "bad.tsv")
+
+
+def test_speed_summary_worked_example():
+    # two items of 4 s and 6 s; token stage 1 s + 2 s -> RTF 3 / 10 = 0.3
+    # FPL-A 0.2 and 0.4 -> 0.3; waiting for 2 text tokens at 25 ms adds 0.05 -> FPL-L 0.35
+    timing = {
+        "x": {"item_id": "x", "token_seconds": 1.0, "fpl_a": 0.2, "text_tokens_waited": 2, "forward_passes": 10},
+        "y": {"item_id": "y", "token_seconds": 2.0, "fpl_a": 0.4, "text_tokens_waited": 2, "forward_passes": 20},
+    }
+    summary = speed_summary(timing, {"x": 4.0, "y": 6.0}, d_llm=0.025)
+    assert summary["rtf_token_stage"] == pytest.approx(0.3)
+    assert "rtf_end_to_end" not in summary  # no item reported total_seconds
+    assert summary["fpl_a"] == pytest.approx(0.3)
+    assert summary["fpl_l"] == pytest.approx(0.35)
+    assert summary["forward_passes"] == 15
+    assert speed_summary({}, {}, 0.025) is None
+
+
+def test_evaluate_system_with_offline_backends(tmp_path):
+    """Real pocketsphinx and resemblyzer on flite speech; a missing item counts as all deleted."""
+    if shutil.which("flite") is None:
+        pytest.skip("Debian's flite is not installed (scripts/setup.sh installs it)")
+    from arnar.evaluate.asr import load_asr
+    from arnar.evaluate.similarity import load_speaker_encoder
+
+    texts = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background."]
+    system, prompts = tmp_path / "system", tmp_path / "prompts"
+    system.mkdir(), prompts.mkdir()
+    items = []
+    for n, text in enumerate(texts + ["This one was never generated."]):
+        items.append(_item(n, text=text))
+        subprocess.run(["flite", "-voice", "rms", "-t", "It is easy to tell the depth of a well.",
+                        "-o", str(prompts / f"i{n}.wav")], check=True)
+        if n < len(texts):
+            subprocess.run(["flite", "-voice", "rms", "-t", text, "-o", str(system / f"i{n}.wav")], check=True)
+    (system / "timing.jsonl").write_text(json.dumps({"item_id": "i0", "token_seconds": 0.5}) + "\n")
+    result = evaluate_system(
+        system="flite", task="cross_sentence", system_dir=system, items=items, prompts_dir=prompts,
+        asr_backends={"pocketsphinx": load_asr("pocketsphinx")},
+        speaker_encoder=load_speaker_encoder("resemblyzer"),
+        out_json=tmp_path / "r.json", out_tsv=tmp_path / "r.tsv", d_llm=0.025,
+    )
+    assert result["missing"] == ["i2"]
+    wer = result["asr"]["pocketsphinx"]
+    # the missing item's 5 words are all deletions, so corpus WER >= 5 / 21 words
+    assert wer["deletions"] >= 5 and wer["ref_words"] == 8 + 8 + 5
+    assert wer["wer_corpus"] < 60.0  # flite rms reads well: the two present items are mostly right
+    assert result["sim"]["mean"] > 0.8  # same voice as the prompt
+    assert result["speed"]["items_timed"] == 1
+    rows = (tmp_path / "r.tsv").read_text().splitlines()
+    assert len(rows) == 4 and rows[0].startswith("item_id\tspeaker")
+    assert json.loads((tmp_path / "r.json").read_text()) == result

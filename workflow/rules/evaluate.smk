@@ -1,0 +1,125 @@
+# Evaluation phase: the frozen protocol (src/arnar/evaluate, DESIGN.md section 7).
+#
+# A system is a folder data/<profile>/systems/<system>/<task>/ of <item_id>.wav (+ timing.jsonl);
+# any paradigm plugs in by producing that folder and adding its name to SYSTEMS.
+
+import os
+
+from arnar.evaluate.testlists import TASKS
+
+EVAL = P["evaluation"]
+SYSTEMS = ["ground_truth"]  # reference rows first; paradigms append their names as they land
+ASR_ARGS = " ".join(f"--asr {name}" for name in EVAL["asr"])
+
+
+
+def frozen_path(profile, task):
+    """The committed test list (relative to the workflow root, so a copied workflow uses its own)."""
+    return f"src/arnar/evaluate/testlists/{profile}/{task}.tsv"
+
+
+wildcard_constraints:
+    system="[a-z0-9_]+",
+    task="|".join(TASKS),
+
+for _task in TASKS:
+    if not os.path.exists(frozen_path(PROFILE, _task)):
+        raise WorkflowError(
+            f"{frozen_path(PROFILE, _task)}: no frozen {_task} test list for profile {PROFILE!r}. "
+            f"Build the corpus (snakemake --cores all data --config profile={PROFILE}), then freeze the "
+            f"lists with `arnar testlists --write --profile {PROFILE} --cuts {DATA}/manifests/test_cuts.jsonl "
+            f"...` (see README, Evaluation) and commit them."
+        )
+
+
+rule testlists:
+    """Rebuild the test lists from the corpus and check them against the frozen ones."""
+    input:
+        cuts=f"{DATA}/manifests/test_cuts.jsonl",
+        frozen=[frozen_path(PROFILE, t) for t in TASKS],
+    output:
+        expand("{data}/eval/testlists/{task}.tsv", data=DATA, task=TASKS),
+    params:
+        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
+        frozen_dir=lambda wildcards, input: os.path.dirname(input.frozen[0]),
+        seed=P["seed"],
+        **{k: EVAL[k] for k in ("min_duration", "max_duration", "prompt_seconds", "max_items")},
+    log:
+        f"{LOGS}/testlists.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar testlists --cuts {input.cuts} --frozen-dir {params.frozen_dir} --out-dir {params.out_dir}"
+        " --min-duration {params.min_duration} --max-duration {params.max_duration}"
+        " --prompt-seconds {params.prompt_seconds} --max-items {params.max_items}"
+        " --seed {params.seed} 2> {log}"
+
+
+rule task_audio:
+    """Cut each item's prompt; the targets themselves are the ground-truth system."""
+    input:
+        testlist=f"{DATA}/eval/testlists/{{task}}.tsv",
+        recordings=f"{DATA}/manifests/test_recordings.jsonl",
+    output:
+        targets=directory(f"{DATA}/systems/ground_truth/{{task}}"),
+        prompts=directory(f"{DATA}/eval/prompts/{{task}}"),
+    log:
+        f"{LOGS}/task_audio_{{task}}.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar task-audio --testlist {input.testlist} --recordings {input.recordings}"
+        " --targets {output.targets} --prompts {output.prompts} 2> {log}"
+
+
+rule evaluate_system:
+    """WER (both conventions, every ASR backend), SIM to the prompt, speed when timed."""
+    input:
+        system=f"{DATA}/systems/{{system}}/{{task}}",
+        testlist=f"{DATA}/eval/testlists/{{task}}.tsv",
+        prompts=f"{DATA}/eval/prompts/{{task}}",
+    output:
+        json=f"{RESULTS}/eval/{{system}}/{{task}}.json",
+        tsv=f"{RESULTS}/eval/{{system}}/{{task}}_utterances.tsv",
+    params:
+        asr=ASR_ARGS,
+        sim=EVAL["sim"],
+        mos="--mos" if EVAL["mos"] else "",
+        d_llm=EVAL["d_llm"],
+    log:
+        f"{LOGS}/evaluate_{{system}}_{{task}}.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar evaluate --system {wildcards.system} --task {wildcards.task}"
+        " --system-dir {input.system} --testlist {input.testlist} --prompts {input.prompts}"
+        " {params.asr} --sim {params.sim} {params.mos} --d-llm {params.d_llm}"
+        " --out-json {output.json} --out-tsv {output.tsv} 2> {log}"
+
+
+rule ground_truth_audit:
+    """Per-voice WER of the recordings and same/different-speaker SIM separation."""
+    input:
+        cuts=expand("{data}/manifests/{split}_cuts.jsonl", data=DATA, split=EVAL["audit_splits"]),
+        corpus=f"{DATA}/corpus",
+    output:
+        json=f"{RESULTS}/eval/ground_truth_audit.json",
+        tsv=f"{RESULTS}/eval/ground_truth_audit_utterances.tsv",
+    params:
+        cuts=lambda wildcards, input: " ".join(f"--cuts {c}" for c in input.cuts),
+        asr=ASR_ARGS,
+        sim=EVAL["sim"],
+    log:
+        f"{LOGS}/ground_truth_audit.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar audit {params.cuts} --corpus {input.corpus} {params.asr} --sim {params.sim}"
+        " --out-json {output.json} --out-tsv {output.tsv} 2> {log}"
+
+
+rule evaluate:
+    """Target of the evaluation phase (dvc.yaml stage `evaluate`)."""
+    input:
+        expand("{results}/eval/{system}/{task}.json", results=RESULTS, system=SYSTEMS, task=TASKS),
+        rules.ground_truth_audit.output,

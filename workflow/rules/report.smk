@@ -1,0 +1,37 @@
+# Report phase: paper-format tables, plots and an HTML page with audio players.
+
+
+rule report:
+    """Markdown tables, plots, metrics.json (DVC metrics) and index.html with audio."""
+    input:
+        evaluations=rules.evaluate.input,
+        testlists=expand("{data}/eval/testlists/{task}.tsv", data=DATA, task=TASKS),
+        prompts=expand("{data}/eval/prompts/{task}", data=DATA, task=TASKS),
+        systems=expand("{data}/systems/{system}/{task}", data=DATA, system=SYSTEMS, task=TASKS),
+    output:
+        tables=report(f"{RESULTS}/report/comparison.md", caption="../report/comparison.rst", category="Evaluation"),
+        audit=report(f"{RESULTS}/report/ground_truth_audit.md", caption="../report/audit.rst", category="Evaluation"),
+        metrics=f"{RESULTS}/metrics.json",
+        html=f"{RESULTS}/report/index.html",
+        plots=report(
+            directory(f"{RESULTS}/report/plots"),
+            patterns=["{name}.png"],
+            caption="../report/plots.rst",
+            category="Evaluation",
+        ),
+    params:
+        eval_dir=f"{RESULTS}/eval",
+        testlists=lambda wildcards, input: os.path.dirname(input.testlists[0]),
+        prompts=lambda wildcards, input: os.path.dirname(input.prompts[0]),
+        systems_dir=lambda wildcards, input: os.path.dirname(os.path.dirname(input.systems[0])),
+        systems=" ".join(SYSTEMS),
+        samples=EVAL["report_samples"],
+        out_dir=lambda wildcards, output: os.path.dirname(output.html),
+    log:
+        f"{LOGS}/report.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar report --eval-dir {params.eval_dir} --testlists {params.testlists}"
+        " --prompts {params.prompts} --systems-dir {params.systems_dir} --systems {params.systems}"
+        " --samples {params.samples} --profile {PROFILE} --out-dir {params.out_dir} 2> {log}"
