@@ -127,9 +127,11 @@ def test_dvc_repro_and_push(tmp_path):
     remote = tmp_path / "remote"
     dvc = str(BIN / "dvc")
     run([dvc, "remote", "modify", "local", "url", str(remote)], work)
-    run([dvc, "repro", "data"], work)
+    run([dvc, "repro"], work)  # every stage: data -> evaluate -> report
     lock = (work / "dvc.lock").read_text()
-    assert "data/smoke/manifests" in lock and "md5" in lock
+    assert "data/smoke/manifests" in lock and "results/smoke/metrics.json" in lock and "md5" in lock
+    metrics = run([dvc, "metrics", "show"], work).stdout
+    assert "ground_truth_audit" in metrics
     assert "up to date" in run([dvc, "status"], work).stdout
     run([dvc, "push"], work)
     assert any(remote.rglob("*")), "nothing pushed to the local remote"

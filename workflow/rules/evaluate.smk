@@ -13,11 +13,6 @@ ASR_ARGS = " ".join(f"--asr {name}" for name in EVAL["asr"])
 
 
 
-def frozen_path(profile, task):
-    """The committed test list (relative to the workflow root, so a copied workflow uses its own)."""
-    return f"src/arnar/evaluate/testlists/{profile}/{task}.tsv"
-
-
 wildcard_constraints:
     system="[a-z0-9_]+",
     task="|".join(TASKS),

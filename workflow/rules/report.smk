@@ -5,6 +5,7 @@ rule report:
     """Markdown tables, plots, metrics.json (DVC metrics) and index.html with audio."""
     input:
         evaluations=rules.evaluate.input,
+        audit=rules.ground_truth_audit.output.json,
         testlists=expand("{data}/eval/testlists/{task}.tsv", data=DATA, task=TASKS),
         prompts=expand("{data}/eval/prompts/{task}", data=DATA, task=TASKS),
         systems=expand("{data}/systems/{system}/{task}", data=DATA, system=SYSTEMS, task=TASKS),
@@ -20,7 +21,8 @@ rule report:
             category="Evaluation",
         ),
     params:
-        eval_dir=f"{RESULTS}/eval",
+        eval_dir=lambda wildcards, input: os.path.dirname(input.audit),
+        profile=PROFILE,
         testlists=lambda wildcards, input: os.path.dirname(input.testlists[0]),
         prompts=lambda wildcards, input: os.path.dirname(input.prompts[0]),
         systems_dir=lambda wildcards, input: os.path.dirname(os.path.dirname(input.systems[0])),
@@ -34,4 +36,4 @@ rule report:
     shell:
         "arnar report --eval-dir {params.eval_dir} --testlists {params.testlists}"
         " --prompts {params.prompts} --systems-dir {params.systems_dir} --systems {params.systems}"
-        " --samples {params.samples} --profile {PROFILE} --out-dir {params.out_dir} 2> {log}"
+        " --samples {params.samples} --profile {params.profile} --out-dir {params.out_dir} 2> {log}"
