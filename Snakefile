@@ -26,6 +26,7 @@ LOGS = f"logs/{PROFILE}"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/align.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
@@ -33,5 +34,6 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         rules.data.input,
+        rules.alignment.input,
         rules.report.output,
     default_target: True

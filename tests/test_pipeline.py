@@ -192,3 +192,16 @@ def test_frozen_testlist_mismatch_stops_the_run(smoke, tmp_path):
     log = (work / "logs/smoke/testlists.log").read_text()
     assert result.returncode != 0
     assert "does not match the corpus (1 new items" in log and "arnar testlists --write" in log
+
+
+def test_alignment_phase(smoke):
+    accuracy = json.loads((smoke / "results/smoke/alignment/accuracy_pocketsphinx.json").read_text())
+    overall = accuracy["groups"]["overall"]
+    assert overall["aligned"] > 0 and overall["word"]["median_ms"] < 40  # pocketsphinx vs the synthesizer
+    assert "| **overall** |" in (smoke / "results/smoke/alignment.md").read_text()
+    for split in ("train", "dev", "test"):
+        rows = [json.loads(line) for line in (smoke / f"data/smoke/align/durations_25hz/{split}.jsonl").read_text().splitlines()]
+        assert rows, split
+        for row in rows:
+            assert row["ends"][-1] == row["num_frames"] and len(row["ends"]) == len(row["bpe_ids"])
+            assert all(b >= a for a, b in zip(row["ends"], row["ends"][1:]))

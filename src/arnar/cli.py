@@ -172,6 +172,79 @@ def cmd_report(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_align(args: argparse.Namespace) -> None:
+    from arnar.align import AlignmentFailure, alignment_to_json, items_from_cuts, load_aligner
+
+    aligner = load_aligner(args.aligner, **({"workers": args.workers} if args.aligner == "mfa" else {}))
+    items = items_from_cuts(Path(args.cuts))
+    results = aligner.align_batch(items)
+    good = [r for r in results if not isinstance(r, AlignmentFailure)]
+    failed = sorted((r.utt_id, r.reason) for r in results if isinstance(r, AlignmentFailure))
+    _atomic_write_text(Path(args.out), "".join(json.dumps(alignment_to_json(a), sort_keys=True) + "\n" for a in good))
+    _atomic_write_text(Path(args.quarantine),
+                       "utt_id\treason\n" + "".join(f"{u}\t{r}\n" for u, r in failed))
+    log.info("%s: aligned %d of %d utterances, %d quarantined", aligner.model_id, len(good), len(items), len(failed))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def cmd_align_accuracy(args: argparse.Namespace) -> None:
+    from arnar.align import alignment_from_json
+    from arnar.align.accuracy import accuracy_markdown, score_aligner
+    from arnar.evaluate.run import read_voices
+
+    from lhotse import load_manifest
+
+    voices = read_voices(Path(args.corpus))
+    oracle = {d["utt_id"]: alignment_from_json(d) for p in args.oracle for d in _read_jsonl(p)}
+    speaker_of = {c.id: c.supervisions[0].speaker for p in args.cuts for c in load_manifest(p)}
+
+    def group(utt: str) -> str:  # per voice where the corpus names voices, else per speaker
+        speaker = speaker_of.get(utt, "unknown")
+        return voices.get(speaker, speaker)
+
+    pairs = [(group(d["utt_id"]), alignment_from_json(d), oracle[d["utt_id"]])
+             for p in args.aligned for d in _read_jsonl(p) if d["utt_id"] in oracle]
+    failures: dict[str, int] = {}
+    for path in args.quarantine:
+        for line in Path(path).read_text(encoding="utf-8").splitlines()[1:]:
+            utt = line.split("\t", 1)[0]
+            failures[group(utt)] = failures.get(group(utt), 0) + 1
+    result = score_aligner(pairs, failures)
+    _atomic_write_text(Path(args.out_json), json.dumps({"aligner": args.aligner, "groups": result}, indent=2) + "\n")
+    _atomic_write_text(Path(args.out_md), accuracy_markdown(args.aligner, result))
+    overall = result["overall"]
+    log.info("%s vs oracle: word boundaries median %s ms, within 20 ms %s; %d failed",
+             args.aligner, overall["word"]["median_ms"], overall["word"]["within_20ms"], overall["failed"])
+
+
+def cmd_durations(args: argparse.Namespace) -> None:
+    from lhotse import load_manifest
+
+    from arnar.align import alignment_from_json
+    from arnar.align.durations import DurationError, bpe_durations
+    from arnar.text.bpe import BpeTokenizer
+
+    tokenizer = BpeTokenizer.load(args.bpe)
+    texts = {c.id: c.supervisions[0].text for c in load_manifest(args.cuts)}
+    rows, failed = [], []
+    for record in _read_jsonl(Path(args.alignments)):
+        alignment = alignment_from_json(record)
+        try:
+            result = bpe_durations(texts[alignment.utt_id], alignment.words, alignment.duration, tokenizer,
+                                   frame_rate=args.frame_rate)
+        except DurationError as err:
+            failed.append((alignment.utt_id, f"durations: {err}"))
+            continue
+        rows.append({"utt_id": alignment.utt_id, "frame_rate": args.frame_rate, "num_frames": result.num_frames,
+                     "bpe_ids": result.ids, "ends": result.ends})
+    _atomic_write_text(Path(args.out), "".join(json.dumps(r) + "\n" for r in rows))
+    _atomic_write_text(Path(args.quarantine), "utt_id\treason\n" + "".join(f"{u}\t{r}\n" for u, r in failed))
+    log.info("durations at %s Hz: %d utterances, %d quarantined", args.frame_rate, len(rows), len(failed))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arnar", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -221,6 +294,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--quarantine-out", required=True)
     p.set_defaults(func=cmd_corpus_report)
+
+    p = sub.add_parser("align", help="forced-align one split; failures are quarantined with the reason")
+    p.add_argument("--aligner", required=True, choices=["pocketsphinx", "mfa", "oracle"])
+    p.add_argument("--cuts", required=True)
+    p.add_argument("--out", required=True, help="alignments, one JSON object per line")
+    p.add_argument("--quarantine", required=True)
+    p.add_argument("--workers", type=int, default=1, help="MFA jobs")
+    p.set_defaults(func=cmd_align)
+
+    p = sub.add_parser("align-accuracy", help="score an aligner against the synthesizer's timings")
+    p.add_argument("--aligner", required=True)
+    p.add_argument("--aligned", action="append", required=True)
+    p.add_argument("--quarantine", action="append", default=[])
+    p.add_argument("--oracle", action="append", required=True)
+    p.add_argument("--cuts", action="append", required=True, help="cuts of the scored splits (speakers)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--out-json", required=True)
+    p.add_argument("--out-md", required=True)
+    p.set_defaults(func=cmd_align_accuracy)
+
+    p = sub.add_parser("durations", help="BPE-level end positions a_n in codec frames")
+    p.add_argument("--alignments", required=True)
+    p.add_argument("--cuts", required=True, help="the same split's cuts (for the transcripts)")
+    p.add_argument("--bpe", required=True)
+    p.add_argument("--frame-rate", type=float, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--quarantine", required=True)
+    p.set_defaults(func=cmd_durations)
 
     p = sub.add_parser("testlists", help="build the zero-shot test lists; check them against the frozen ones")
     p.add_argument("--cuts", required=True, help="lhotse cuts of the test split")
@@ -291,12 +392,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from arnar.evaluate.testlists import TestListError
     from arnar.text import TokenizerError
 
+    from arnar.align import AlignerUnavailableError
     from arnar.evaluate.asr import AsrUnavailableError
     from arnar.evaluate.similarity import SimUnavailableError
 
     # AsrUnavailableError / SimUnavailableError: hub weights that cannot be had, said in one line
     return (ConfigError, CorpusError, SynthError, SourceMissingError, TokenizerError, TestListError,
-            AudioError, AsrUnavailableError, SimUnavailableError, FileNotFoundError)
+            AudioError, AsrUnavailableError, SimUnavailableError, AlignerUnavailableError, FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:

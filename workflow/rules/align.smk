@@ -1,0 +1,103 @@
+# Alignment phase: forced alignment -> phone/word intervals -> BPE-level durations a_n.
+#
+# The aligner is a params.yaml choice (alignment.aligner): pocketsphinx (offline default, its
+# wheel ships an English model), mfa (Montreal Forced Aligner; needs `snakemake --sdm conda`,
+# envs/align.yaml) or oracle (the synthesizer's own timings, synth corpora only).
+
+ALIGN = P["alignment"]
+SPLITS = ["train", "dev", "test"]
+
+
+rule align:
+    """Align one split; items the aligner cannot align are quarantined with the reason."""
+    input:
+        cuts=f"{DATA}/manifests/{{split}}_cuts.jsonl",
+    output:
+        alignments=f"{DATA}/align/{{aligner}}/{{split}}.jsonl",
+        quarantine=f"{DATA}/align/{{aligner}}/{{split}}_quarantine.tsv",
+    wildcard_constraints:
+        aligner="pocketsphinx|oracle",
+        split="|".join(SPLITS),
+    log:
+        f"{LOGS}/align_{{aligner}}_{{split}}.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar align --aligner {wildcards.aligner} --cuts {input.cuts} --out {output.alignments}"
+        " --quarantine {output.quarantine} 2> {log}"
+
+
+rule align_mfa:
+    """Montreal Forced Aligner (the papers' tool), in its own conda environment."""
+    input:
+        cuts=f"{DATA}/manifests/{{split}}_cuts.jsonl",
+    output:
+        alignments=f"{DATA}/align/mfa/{{split}}.jsonl",
+        quarantine=f"{DATA}/align/mfa/{{split}}_quarantine.tsv",
+    wildcard_constraints:
+        split="|".join(SPLITS),
+    threads: P["workers"]
+    log:
+        f"{LOGS}/align_mfa_{{split}}.log",
+    conda:
+        "../../envs/align.yaml"
+    shell:
+        "arnar align --aligner mfa --workers {threads} --cuts {input.cuts} --out {output.alignments}"
+        " --quarantine {output.quarantine} 2> {log}"
+
+
+rule alignment_accuracy:
+    """Boundary errors of the aligner against the synthesizer's own timings."""
+    input:
+        aligned=expand("{data}/align/{aligner}/{split}.jsonl", data=DATA, aligner=ALIGN["aligner"], split=ALIGN["score_splits"]),
+        quarantine=expand("{data}/align/{aligner}/{split}_quarantine.tsv", data=DATA, aligner=ALIGN["aligner"], split=ALIGN["score_splits"]),
+        oracle=expand("{data}/align/oracle/{split}.jsonl", data=DATA, split=ALIGN["score_splits"]),
+        cuts=expand("{data}/manifests/{split}_cuts.jsonl", data=DATA, split=ALIGN["score_splits"]),
+        corpus=f"{DATA}/corpus",
+    output:
+        json=f"{RESULTS}/alignment/accuracy_{ALIGN['aligner']}.json",
+        markdown=report(f"{RESULTS}/alignment.md", caption="../report/alignment.rst", category="Alignment"),
+    params:
+        aligned=lambda wildcards, input: " ".join(f"--aligned {p}" for p in input.aligned),
+        quarantine=lambda wildcards, input: " ".join(f"--quarantine {p}" for p in input.quarantine),
+        oracle=lambda wildcards, input: " ".join(f"--oracle {p}" for p in input.oracle),
+        cuts=lambda wildcards, input: " ".join(f"--cuts {p}" for p in input.cuts),
+        aligner=ALIGN["aligner"],
+    log:
+        f"{LOGS}/alignment_accuracy.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar align-accuracy --aligner {params.aligner} {params.aligned} {params.quarantine} {params.oracle}"
+        " {params.cuts}"
+        " --corpus {input.corpus} --out-json {output.json} --out-md {output.markdown} 2> {log}"
+
+
+rule bpe_durations:
+    """a_n (end frame of every BPE token, a_L = T) at one codec frame rate, for one split."""
+    input:
+        alignments=f"{DATA}/align/{ALIGN['aligner']}/{{split}}.jsonl",
+        cuts=f"{DATA}/manifests/{{split}}_cuts.jsonl",
+        bpe=f"{DATA}/tokenizers/bpe.model",
+    output:
+        durations=f"{DATA}/align/durations_{{rate}}hz/{{split}}.jsonl",
+        quarantine=f"{DATA}/align/durations_{{rate}}hz/{{split}}_quarantine.tsv",
+    wildcard_constraints:
+        split="|".join(SPLITS),
+        rate=r"[0-9.]+",
+    log:
+        f"{LOGS}/bpe_durations_{{rate}}hz_{{split}}.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar durations --alignments {input.alignments} --cuts {input.cuts} --bpe {input.bpe}"
+        " --frame-rate {wildcards.rate}"
+        " --out {output.durations} --quarantine {output.quarantine} 2> {log}"
+
+
+rule alignment:
+    """Target of the alignment phase (dvc.yaml stage `align`)."""
+    input:
+        expand("{data}/align/durations_{rate}hz/{split}.jsonl", data=DATA, rate=ALIGN["frame_rates"], split=SPLITS),
+        # accuracy needs oracle timings, which only a synthesized corpus has
+        rules.alignment_accuracy.output if ALIGN["score_splits"] else [],
