@@ -46,15 +46,14 @@ import hashlib
 import importlib
 import json
 import logging
-import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from arnar.hub import offline_requested, unreachable  # noqa: F401 (re-exported)
 
 __all__ = [
     "CODECS",
@@ -175,23 +174,8 @@ def state_dict_hash(state_dict: dict[str, Any], config: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def env_offline() -> bool:
-    """True if HF_HUB_OFFLINE or ARNAR_OFFLINE is set to a true value."""
-    return any(
-        os.environ.get(var, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-        for var in ("ARNAR_OFFLINE", "HF_HUB_OFFLINE")
-    )
-
-
-def unreachable(url: str, timeout: float) -> str | None:
-    """None if a server answers ``url`` within ``timeout`` s (any HTTP status), else the reason."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
-            return None
-    except urllib.error.HTTPError:  # the server answered: the network is there
-        return None
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        return str(getattr(err, "reason", err))
+# Re-exported for the codec modules: one implementation for the whole package.
+env_offline = offline_requested
 
 
 def check_clips(audio: Sequence[np.ndarray], min_samples: int = 1) -> list[np.ndarray]:

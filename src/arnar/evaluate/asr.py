@@ -76,6 +76,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from arnar.evaluate.audio import load_mono, resample
+from arnar.hub import offline_requested, unreachable
 
 SAMPLE_RATE = 16_000
 ASR_BACKENDS = ("pocketsphinx", "whisper", "hubert")
@@ -152,21 +153,6 @@ def _prepare(audio: Sequence[np.ndarray], sample_rate: int) -> list[np.ndarray]:
     return clips
 
 
-def _env_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
-def _unreachable(url: str, timeout: float) -> str | None:
-    """None if a server answers ``url`` within ``timeout`` s (any HTTP status), else the reason."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
-            return None
-    except urllib.error.HTTPError:  # the server answered: the network is there
-        return None
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        return str(getattr(err, "reason", err))
-
-
 # --------------------------------------------------------------------------- pocketsphinx
 
 
@@ -241,7 +227,7 @@ class WhisperAsr:
         import whisper
 
         model = model or DEFAULT_MODELS["whisper"]
-        offline = _env_offline() if offline is None else offline
+        offline = offline_requested() if offline is None else offline
         if model in whisper._MODELS:
             self._ensure_downloadable(whisper, model, download_root, offline, connect_timeout)
             source = model
@@ -289,7 +275,7 @@ class WhisperAsr:
         )
         if offline:
             raise AsrUnavailableError(f"{what} and offline mode is on; {todo}")
-        reason = _unreachable(url, timeout)
+        reason = unreachable(url, timeout)
         if reason is not None:
             raise AsrUnavailableError(f"{what} and cannot be downloaded ({reason}); {todo}")
 
@@ -349,7 +335,7 @@ class HubertAsr:
         import torch
 
         model = model or DEFAULT_MODELS["hubert"]
-        offline = _env_offline() if offline is None else offline
+        offline = offline_requested() if offline is None else offline
         local = Path(model).expanduser()
         if local.is_dir():
             self._model, self._processor = self._load(str(local), local_files_only=True)
@@ -390,7 +376,7 @@ class HubertAsr:
             raise AsrUnavailableError(f"{what} and offline mode is on (HF_HUB_OFFLINE); {todo}")
         from huggingface_hub import constants
 
-        reason = _unreachable(f"{constants.ENDPOINT}/api/models/{hub_id}", timeout)
+        reason = unreachable(f"{constants.ENDPOINT}/api/models/{hub_id}", timeout)
         if reason is not None:
             raise AsrUnavailableError(f"{what} and the hub is unreachable ({reason}); {todo}")
         try:

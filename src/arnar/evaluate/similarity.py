@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from arnar.evaluate.audio import AudioError, load_mono, resample
+from arnar.hub import offline_requested
 
 __all__ = [
     "DEFAULT_WAVLM_MODEL",
@@ -223,7 +224,7 @@ class ResemblyzerEncoder:
 
 
 def _hub_offline() -> bool:
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
+    if offline_requested():
         return True
     try:
         from huggingface_hub import constants
