@@ -34,7 +34,7 @@ from arnar.codec import (
     read_token_shards,
     write_token_shards,
 )
-from arnar.codec.base import unreachable
+from arnar.hub import unreachable
 
 # --------------------------------------------------------------------------- fixtures
 

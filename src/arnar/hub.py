@@ -30,3 +30,19 @@ def unreachable(url: str, timeout: float) -> str | None:
         return None
     except (urllib.error.URLError, OSError, ValueError) as err:
         return str(getattr(err, "reason", err))
+
+
+def require_cached_or_reachable(
+    target, url: str, *, offline: bool, timeout: float, what: str, todo: str, error: type[Exception]
+) -> None:
+    """Return if the weights file ``target`` exists or ``url`` answers; else raise ``error`` with
+    ``what`` (what is missing), why (offline, or the network's reason) and ``todo`` (how to fix)."""
+    from pathlib import Path
+
+    if Path(target).is_file():
+        return
+    if offline:
+        raise error(f"{what} and offline mode is on; {todo}")
+    reason = unreachable(url, timeout)
+    if reason is not None:
+        raise error(f"{what} and {url} cannot be reached ({reason}); {todo}")

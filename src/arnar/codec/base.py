@@ -53,7 +53,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from arnar.hub import offline_requested, unreachable  # noqa: F401 (re-exported)
+from arnar.hub import offline_requested
 
 __all__ = [
     "CODECS",

@@ -70,8 +70,8 @@ from arnar.codec.base import (
     env_offline,
     register_codec,
     state_dict_hash,
-    unreachable,
 )
+from arnar.hub import require_cached_or_reachable
 
 __all__ = ["DacCodec", "load_dac"]
 
@@ -107,13 +107,10 @@ def _fetch_tag(model_type: str, bitrate: str, tag: str, offline: bool, timeout: 
         f"--model_bitrate {bitrate}` (or download {url}) and copy the file to {target}, or put "
         f"it anywhere and pass model=<path>"
     )
-    if not target.is_file():
-        what = f"DAC weights {model_type} {bitrate} (tag {resolved}) are not cached at {target}"
-        if offline:
-            raise CodecUnavailableError(f"{what} and offline mode is on; {todo}")
-        reason = unreachable(url, timeout)
-        if reason is not None:
-            raise CodecUnavailableError(f"{what} and {url} cannot be reached ({reason}); {todo}")
+    require_cached_or_reachable(
+        target, url, offline=offline, timeout=timeout, todo=todo, error=CodecUnavailableError,
+        what=f"DAC weights {model_type} {bitrate} (tag {resolved}) are not cached at {target}",
+    )
     try:
         return Path(dac.utils.download(model_type=model_type, model_bitrate=bitrate, tag=resolved))
     except Exception as err:  # requests errors, HTTP status

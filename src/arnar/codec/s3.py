@@ -56,8 +56,8 @@ from arnar.codec.base import (
     length_batches,
     register_codec,
     state_dict_hash,
-    unreachable,
 )
+from arnar.hub import require_cached_or_reachable
 
 __all__ = ["DEFAULT_MODEL", "S3Codec", "load_s3"]
 
@@ -91,13 +91,10 @@ def _fetch_named(name: str, root: Path, offline: bool, timeout: float):
         f"s3tokenizer.load_model('{name}')\"` (or download {url}) and copy the file to "
         f"{target}, or put it anywhere and pass model=<path>"
     )
-    if not target.is_file():
-        what = f"S3 tokenizer weights {name!r} are not cached at {target}"
-        if offline:
-            raise CodecUnavailableError(f"{what} and offline mode is on; {todo}")
-        reason = unreachable(url, timeout)
-        if reason is not None:
-            raise CodecUnavailableError(f"{what} and {url} cannot be reached ({reason}); {todo}")
+    require_cached_or_reachable(
+        target, url, offline=offline, timeout=timeout, todo=todo, error=CodecUnavailableError,
+        what=f"S3 tokenizer weights {name!r} are not cached at {target}",
+    )
     try:
         # checks the cached file's sha256, downloads (again) if needed, converts the ONNX weights
         return s3tokenizer.load_model(name, download_root=str(root))

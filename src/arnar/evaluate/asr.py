@@ -76,7 +76,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from arnar.evaluate.audio import load_mono, resample
-from arnar.hub import offline_requested, unreachable
+from arnar.hub import offline_requested, require_cached_or_reachable, unreachable
 
 SAMPLE_RATE = 16_000
 ASR_BACKENDS = ("pocketsphinx", "whisper", "hubert")
@@ -266,18 +266,13 @@ class WhisperAsr:
         if root is None:
             root = os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "whisper")
         target = Path(root) / os.path.basename(url)
-        if target.is_file():
-            return  # whisper checks its SHA256 and re-downloads only if it does not match
-        what = f"whisper model {name!r} is not in the cache ({target})"
-        todo = (
-            f"run load_asr('whisper', model={name!r}) once on a connected machine (or copy the "
-            f"file there), or pass model=<path to a checkpoint .pt>; {OFFLINE_HINT}"
+        # a cached file is fine: whisper checks its SHA256 and re-downloads only on a mismatch
+        require_cached_or_reachable(
+            target, url, offline=offline, timeout=timeout, error=AsrUnavailableError,
+            what=f"whisper model {name!r} is not in the cache ({target})",
+            todo=(f"run load_asr('whisper', model={name!r}) once on a connected machine (or copy the "
+                  f"file there), or pass model=<path to a checkpoint .pt>; {OFFLINE_HINT}"),
         )
-        if offline:
-            raise AsrUnavailableError(f"{what} and offline mode is on; {todo}")
-        reason = unreachable(url, timeout)
-        if reason is not None:
-            raise AsrUnavailableError(f"{what} and cannot be downloaded ({reason}); {todo}")
 
     def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
         import torch
