@@ -7,6 +7,9 @@
 # params.yaml is the config; it is validated against workflow/schemas/params.schema.yaml and
 # its profile preset merged in by arnar.config (the same code the Python CLIs use).
 
+import json
+import os
+
 from arnar.config import ConfigError, resolve_profile
 
 
@@ -27,6 +30,7 @@ LOGS = f"logs/{PROFILE}"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/align.smk"
+include: "workflow/rules/tokenize.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
@@ -35,5 +39,6 @@ rule all:
     input:
         rules.data.input,
         rules.alignment.input,
+        rules.tokens.input,
         rules.report.output,
     default_target: True

@@ -8,6 +8,7 @@ and the problem for bad input, never with a traceback from deep inside.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -245,6 +246,54 @@ def cmd_durations(args: argparse.Namespace) -> None:
     log.info("durations at %s Hz: %d utterances, %d quarantined", args.frame_rate, len(rows), len(failed))
 
 
+def cmd_train_codec(args: argparse.Namespace) -> None:
+    from arnar.codec.offline import train_offline_codec
+
+    sizes = json.loads(args.sizes) if args.sizes else {}
+    report = train_offline_codec(Path(args.cuts), Path(args.alignments) if args.alignments else None,
+                                 Path(args.out), seed=args.seed, threads=args.threads, **sizes)
+    log.info("offline codec trained: %s", json.dumps({k: v for k, v in report.items() if not isinstance(v, (list, dict))}))
+
+
+def cmd_tokenize(args: argparse.Namespace) -> None:
+    from lhotse import load_manifest
+
+    from arnar.codec import encode_files, load_codec
+    from arnar.codec.shards import write_token_shards
+
+    codec = load_codec(args.codec, model=args.model)
+    cuts = sorted(load_manifest(args.cuts), key=lambda c: c.id)
+    paths = [Path(c.recording.sources[0].source) for c in cuts]
+    tokens = {cut.id: codes for cut, (_, codes) in zip(cuts, encode_files(codec, paths))}
+    write_token_shards(Path(args.out), args.split, tokens, codec)
+    log.info("%s: %d utterances tokenized with %s", args.split, len(tokens), args.codec)
+
+
+def cmd_resynthesize(args: argparse.Namespace) -> None:
+    """Ground truth -> tokens -> audio for every test-list item: the codec's reference row."""
+    import soundfile as sf
+
+    from arnar.codec import load_codec
+    from arnar.evaluate.audio import load_mono
+    from arnar.evaluate.testlists import read_testlist
+
+    codec = load_codec(args.codec, model=args.model)
+    # a decoder that takes the voice from prompt audio (the offline codec) gets the item's prompt
+    takes_prompt_audio = "prompt_audio" in inspect.signature(codec.decode).parameters
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    items = read_testlist(Path(args.testlist))
+    for item in items:
+        target, _ = load_mono(Path(args.targets) / f"{item.item_id}.wav", codec.sample_rate)
+        prompt, _ = load_mono(Path(args.prompts) / f"{item.item_id}.wav", codec.sample_rate)
+        codes = codec.encode([target], codec.sample_rate)[0]
+        audio = codec.decode([codes], **({"prompt_audio": [prompt]} if takes_prompt_audio else {}))[0]
+        tmp = out / f".tmp.{item.item_id}.wav"
+        sf.write(str(tmp), audio, codec.sample_rate, subtype="PCM_16", format="WAV")
+        os.replace(tmp, out / f"{item.item_id}.wav")
+    log.info("resynthesized %d items with %s", len(items), args.codec)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arnar", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -323,6 +372,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quarantine", required=True)
     p.set_defaults(func=cmd_durations)
 
+    p = sub.add_parser("train-codec", help="train the offline codec on a corpus and its phone alignments")
+    p.add_argument("--cuts", required=True, help="training cuts")
+    p.add_argument("--alignments", help="phone alignments JSONL of the same split")
+    p.add_argument("--out", required=True, help="model folder")
+    p.add_argument("--sizes", help="JSON object of recipe options (arnar.codec.offline.DEFAULTS)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=cmd_train_codec)
+
+    p = sub.add_parser("tokenize", help="encode one split with a codec into token shards")
+    p.add_argument("--codec", required=True)
+    p.add_argument("--model", help="the codec's weights (file or folder)")
+    p.add_argument("--cuts", required=True)
+    p.add_argument("--split", required=True)
+    p.add_argument("--out", required=True, help="token folder; shards go to <out>/<split>/")
+    p.set_defaults(func=cmd_tokenize)
+
+    p = sub.add_parser("resynthesize", help="test-list targets through a codec and back (reference row)")
+    p.add_argument("--codec", required=True)
+    p.add_argument("--model")
+    p.add_argument("--testlist", required=True)
+    p.add_argument("--targets", required=True, help="ground-truth system folder of the task")
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_resynthesize)
+
     p = sub.add_parser("testlists", help="build the zero-shot test lists; check them against the frozen ones")
     p.add_argument("--cuts", required=True, help="lhotse cuts of the test split")
     p.add_argument("--profile", default="mini", help="whose frozen lists (src/arnar/evaluate/testlists/<profile>)")
@@ -393,12 +468,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from arnar.text import TokenizerError
 
     from arnar.align import AlignerUnavailableError
+    from arnar.codec import CodecError
     from arnar.evaluate.asr import AsrUnavailableError
     from arnar.evaluate.similarity import SimUnavailableError
 
     # AsrUnavailableError / SimUnavailableError: hub weights that cannot be had, said in one line
     return (ConfigError, CorpusError, SynthError, SourceMissingError, TokenizerError, TestListError,
-            AudioError, AsrUnavailableError, SimUnavailableError, AlignerUnavailableError, FileNotFoundError)
+            AudioError, AsrUnavailableError, SimUnavailableError, AlignerUnavailableError, CodecError, FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:

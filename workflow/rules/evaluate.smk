@@ -8,7 +8,9 @@ import os
 from arnar.evaluate.testlists import TASKS
 
 EVAL = P["evaluation"]
-SYSTEMS = ["ground_truth"]  # reference rows first; paradigms append their names as they land
+# Reference rows first (ground truth, then ground truth through each codec and back); paradigms
+# append their names as they land.
+SYSTEMS = ["ground_truth"] + [f"resynth_{codec}" for codec in P["codec"]["resynthesis"]]
 ASR_ARGS = " ".join(f"--asr {name}" for name in EVAL["asr"])
 
 

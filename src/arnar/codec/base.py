@@ -119,19 +119,25 @@ def register_codec(name: str) -> Callable[[Callable[..., Codec]], Callable[..., 
     return deco
 
 
+# Codec names registered by a module of another name.
+CODEC_MODULES = {"offline_rvq": "offline"}
+
+
 def load_codec(name: str, **options: Any) -> Codec:
     """Build codec ``name`` (``s3``, ``dac``, ``offline``, or any registered one) with ``options``.
 
-    Importing ``arnar.codec.<name>`` registers it, so codecs are loaded lazily (the packages
-    behind them are heavy imports).
+    Importing ``arnar.codec.<module>`` registers it, so codecs are loaded lazily (the packages
+    behind them are heavy imports); a module may register several names (``offline`` also
+    registers ``offline_rvq``), found through :data:`CODEC_MODULES`.
     """
     if name not in CODECS:
         if not name.isidentifier():
             raise CodecError(f"unknown codec {name!r}")
+        module = f"arnar.codec.{CODEC_MODULES.get(name, name)}"
         try:
-            importlib.import_module(f"arnar.codec.{name}")
+            importlib.import_module(module)
         except ModuleNotFoundError as err:
-            if err.name != f"arnar.codec.{name}":
+            if err.name != module:
                 raise  # the codec module exists but one of its dependencies is missing
     if name not in CODECS:
         raise CodecError(f"unknown codec {name!r}; available: {sorted(set(CODECS) | {'s3', 'dac'})}")

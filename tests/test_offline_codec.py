@@ -1,0 +1,297 @@
+"""The offline codec (``arnar.codec.offline``): training, rates, shapes, decoding, determinism.
+
+A tiny codec is trained on a few sentences synthesized here with Debian's flite (two voices, so
+two speakers), labelled with flite's own phone timings (``-psdur``), so the tests need nothing
+from ``data/``. Quality is measured on the corpus by the pipeline, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from arnar.codec import (
+    Codec,
+    CodecError,
+    codec_info,
+    levels,
+    load_codec,
+    read_token_shards,
+    write_token_shards,
+)
+from arnar.codec.offline import (
+    OfflineCodec,
+    log_mel,
+    mel_to_audio,
+    train_offline_codec,
+)
+
+SENTENCES = [
+    "Please call the doctor before noon tomorrow.",
+    "The children walked to school in the morning.",
+    "A quiet river runs under the old stone bridge.",
+    "She packed her bags and left before sunrise.",
+]
+VOICES = ["rms", "slt"]
+
+# small enough to train in about a second; every stage runs
+TINY = dict(
+    enc_channels=32, enc_dilations=[1, 2], bottleneck=8, enc_epochs=2,
+    n_tokens=16, kmeans_iters=4,
+    dec_channels=32, dec_dilations=[1], dec_fine_channels=16, dec_fine_dilations=[1], dec_epochs=1,
+    rvq_codebooks=3, rvq_size=8, rvq_iters=4,
+    ref_channels=16, ref_dilations=[1], ref_epochs=1,
+    batch_size=4, crop_seconds=1.0,
+)
+
+
+def _flite(text: str, voice: str, wav):
+    done = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", str(wav)],
+                          check=True, capture_output=True, text=True)
+    phones, previous = [], 0.0
+    for token in done.stdout.split():
+        symbol, _, end = token.rpartition(":")
+        phones.append((symbol, previous, float(end)))
+        previous = float(end)
+    return phones
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Cuts JSONL (alignments in the supervisions), an aligner-format JSONL, the wav paths."""
+    if shutil.which("flite") is None:
+        pytest.skip("needs the Debian package flite (apt-get install flite)")
+    out = tmp_path_factory.mktemp("offline_corpus")
+    cuts, aligned, wavs = [], [], []
+    for voice in VOICES:
+        for i, text in enumerate(SENTENCES):
+            utt = f"{voice}_{i}"
+            wav = out / f"{utt}.wav"
+            phones = _flite(text, voice, wav)
+            info = sf.info(str(wav))
+            duration = info.frames / info.samplerate
+            cuts.append({
+                "id": utt, "start": 0.0, "duration": duration, "channel": 0, "type": "MonoCut",
+                "supervisions": [{
+                    "id": utt, "recording_id": utt, "start": 0.0, "duration": duration, "channel": 0,
+                    "text": text, "speaker": voice,
+                    "alignment": {"phone": [[p, b, round(e - b, 4), None] for p, b, e in phones]},
+                }],
+                "recording": {"id": utt, "sources": [{"type": "file", "channels": [0], "source": str(wav)}],
+                              "sampling_rate": info.samplerate, "num_samples": info.frames,
+                              "duration": duration, "channel_ids": [0]},
+            })
+            # the aligners' format: upper-case ARPAbet, silences left out
+            aligned.append({"utt_id": utt, "duration": duration, "words": [],
+                            "phones": [[p.upper(), b, e] for p, b, e in phones if p != "pau"]})
+            wavs.append(wav)
+    cuts_path = out / "cuts.jsonl"
+    cuts_path.write_text("".join(json.dumps(c) + "\n" for c in cuts))
+    align_path = out / "align.jsonl"
+    align_path.write_text("".join(json.dumps(a) + "\n" for a in aligned[:-1]))  # one utterance unaligned
+    return cuts_path, align_path, wavs
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    cuts, align, _ = corpus
+    out = tmp_path_factory.mktemp("offline_model") / "codec"
+    report = train_offline_codec(cuts, align, out, seed=7, progress=False, **TINY)
+    return out, report
+
+
+def _clips(wavs, n=3):
+    return [sf.read(str(w), dtype="float32")[0] for w in wavs[:n]]
+
+
+# --------------------------------------------------------------------------- training
+
+
+def test_training_writes_model_and_report(trained):
+    out, report = trained
+    assert {p.name for p in out.iterdir()} >= {"config.json", "weights.pt", "report.json"}
+    assert json.loads((out / "report.json").read_text()) == report
+    assert report["utterances"]["train"] + report["utterances"]["held_out"] == 8
+    # one utterance is missing from the alignment file: trained on, but not by the phone encoder
+    assert report["utterances"]["labelled"] in (report["utterances"]["train"] - 1, report["utterances"]["train"])
+    for stage in ("encoder_ce", "decoder_l1", "refiner_l1"):
+        curve = report["loss_curves"][stage]
+        assert curve and all(math.isfinite(x) for x in curve)
+    accuracy = report["held_out"]["phone_accuracy"]
+    assert accuracy is None or 0.0 <= accuracy <= 1.0
+    assert set(report["seconds"]) >= {"features", "encoder", "kmeans", "decoder", "rvq", "refiner", "total"}
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["phones"][0] == "<sil>" and "k" in cfg["phones"] and "pau" not in cfg["phones"]
+    assert cfg["semantic_frame_rate"] == 25.0 and cfg["rvq_frame_rate"] == 50.0
+
+
+def test_training_is_deterministic(corpus, trained, tmp_path):
+    cuts, align, _ = corpus
+    out, _ = trained
+    again = tmp_path / "again"
+    train_offline_codec(cuts, align, again, seed=7, progress=False, **TINY)
+    assert (again / "weights.pt").read_bytes() == (out / "weights.pt").read_bytes()
+    for stream in ("semantic", "rvq"):
+        a = load_codec("offline", model=out, stream=stream)
+        b = load_codec("offline", model=again, stream=stream)
+        assert a.config_hash() == b.config_hash()
+    other = tmp_path / "other_seed"
+    train_offline_codec(cuts, align, other, seed=8, progress=False, **TINY)
+    assert load_codec("offline", model=other).config_hash() != load_codec("offline", model=out).config_hash()
+
+
+def test_training_from_supervision_timings(corpus, tmp_path):
+    cuts, _, _ = corpus
+    report = train_offline_codec(cuts, None, tmp_path / "sup", seed=1, progress=False, **TINY)
+    assert report["utterances"]["labelled"] == report["utterances"]["train"]
+    cfg = json.loads((tmp_path / "sup" / "config.json").read_text())
+    assert cfg["alignments"] == "supervisions"
+
+
+def test_training_rejects_unknown_options(corpus, tmp_path):
+    cuts, align, _ = corpus
+    with pytest.raises(TypeError, match="unknown option"):
+        train_offline_codec(cuts, align, tmp_path / "x", seed=1, progress=False, n_tokenz=4)
+
+
+# --------------------------------------------------------------------------- semantic stream
+
+
+def test_semantic_tokens_rate_shape_range(trained, corpus):
+    out, _ = trained
+    codec = load_codec("offline", model=out)
+    assert isinstance(codec, Codec) and isinstance(codec, OfflineCodec)
+    assert (codec.name, codec.sample_rate, codec.frame_rate, codec.n_codebooks) == ("offline", 16000, 25.0, 1)
+    assert codec.codebook_size == TINY["n_tokens"] and codec.can_decode
+    clips = _clips(corpus[2])
+    codes = codec.encode(clips, 16000)
+    for clip, c in zip(clips, codes):
+        assert c.dtype == np.int64 and c.shape == (1, math.ceil(clip.size / 640))
+        assert c.min() >= 0 and c.max() < codec.codebook_size
+    # a clip's tokens do not depend on its batch
+    alone = [codec.encode([clip], 16000)[0] for clip in clips]
+    assert all(np.array_equal(a, b) for a, b in zip(alone, codes))
+    # other input rates are resampled: 8 kHz input, same duration -> same token count
+    import soxr
+
+    low = soxr.resample(clips[0], 16000, 8000).astype(np.float32)
+    assert codec.encode([low], 8000)[0].shape[1] == math.ceil(low.size * 2 / 640)
+    assert codec.n_frames(clips[0].size) == codes[0].shape[1]
+
+
+def test_semantic_decode_lengths_and_prompts(trained, corpus):
+    out, _ = trained
+    codec = load_codec("offline", model=out, gl_iters=4)
+    clips = _clips(corpus[2])
+    codes = codec.encode(clips, 16000)
+    plain = codec.decode(codes)
+    with_audio = codec.decode(codes, prompt_audio=[clips[1], None, clips[0]])
+    with_tokens = codec.decode(codes[1:], prompt=[codes[0], None])
+    for c, y in zip(codes, plain):
+        assert y.dtype == np.float32 and y.shape == (c.shape[1] * 640,) and np.all(np.isfinite(y))
+    assert [y.shape for y in with_audio] == [y.shape for y in plain]
+    assert not np.allclose(with_audio[0], plain[0])  # the prompt's voice changes the output
+    np.testing.assert_array_equal(with_audio[1], plain[1])  # None -> the default voice
+    assert [y.shape for y in with_tokens] == [y.shape for y in plain[1:]]  # prompt frames are cut
+    np.testing.assert_array_equal(with_tokens[1], plain[2])
+    # decoding is deterministic
+    np.testing.assert_array_equal(codec.decode(codes[:1])[0], plain[0])
+    # 1-D token arrays are accepted for the single stream
+    assert codec.decode([codes[0][0]])[0].shape == plain[0].shape
+    with pytest.raises(CodecError, match="outside"):
+        codec.decode([np.full((1, 5), codec.codebook_size)])
+    with pytest.raises(CodecError, match="expected codes"):
+        codec.decode([np.zeros((2, 5), dtype=np.int64)])
+    with pytest.raises(CodecError):
+        codec.decode(codes, prompt=[None])
+
+
+# --------------------------------------------------------------------------- RVQ stream
+
+
+def test_rvq_stack_rate_shape_range_and_decode(trained, corpus):
+    out, _ = trained
+    codec = load_codec("offline", model=out, stream="rvq", gl_iters=4)
+    assert (codec.name, codec.frame_rate, codec.n_codebooks, codec.codebook_size) == (
+        "offline_rvq", 50.0, TINY["rvq_codebooks"], TINY["rvq_size"])
+    clips = _clips(corpus[2], 2)
+    codes = codec.encode(clips, 16000)
+    for clip, c in zip(clips, codes):
+        assert c.dtype == np.int64 and c.shape == (TINY["rvq_codebooks"], math.ceil(clip.size / 320))
+        assert c.min() >= 0 and c.max() < codec.codebook_size
+    audio = codec.decode(codes)
+    assert [y.shape for y in audio] == [(c.shape[1] * 320,) for c in codes]
+    assert all(y.dtype == np.float32 and np.all(np.isfinite(y)) for y in audio)
+    # prompt tokens give context and are cut; prompt audio is accepted and unused by the stack
+    assert codec.decode(codes[1:], prompt=[codes[0]])[0].shape == audio[1].shape
+    np.testing.assert_array_equal(codec.decode(codes[:1], prompt_audio=[clips[1]])[0], audio[0])
+    # the first quantizer decimates into CoD levels (12.5 / 25 / 50 Hz)
+    coarse, mid, fine = levels(codes[0][0], 3)
+    assert np.array_equal(fine, codes[0][0]) and coarse.size == math.ceil(codes[0].shape[1] / 4)
+    # fewer codebooks: a prefix of the full stack, another hash
+    one = load_codec("offline", model=out, stream="rvq", n_codebooks=1)
+    assert one.n_codebooks == 1 and np.array_equal(one.encode(clips[:1], 16000)[0], codes[0][:1])
+    assert one.config_hash() != codec.config_hash()
+    with pytest.raises(CodecError, match="n_codebooks"):
+        load_codec("offline", model=out, stream="rvq", n_codebooks=TINY["rvq_codebooks"] + 1)
+    # the alias name, once the module is imported
+    assert load_codec("offline_rvq", model=out).config_hash() == codec.config_hash()
+
+
+def test_streams_and_hashes_differ(trained):
+    out, _ = trained
+    semantic = load_codec("offline", model=out)
+    rvq = load_codec("offline", model=out, stream="rvq")
+    assert semantic.config_hash() != rvq.config_hash()
+    assert codec_info(semantic)["frame_rate"] == 25.0 and codec_info(rvq)["n_codebooks"] == TINY["rvq_codebooks"]
+
+
+def test_token_shards_round_trip(trained, corpus, tmp_path):
+    out, _ = trained
+    codec = load_codec("offline", model=out)
+    clips = _clips(corpus[2])
+    tokens = {f"u{i}": c for i, c in enumerate(codec.encode(clips, 16000))}
+    write_token_shards(tmp_path, "test", tokens, codec)
+    back = read_token_shards(tmp_path / "test", expect_codec_hash=load_codec("offline", model=out).config_hash())
+    assert all(np.array_equal(back[k], v) for k, v in tokens.items())
+
+
+# --------------------------------------------------------------------------- loading errors, features
+
+
+def test_loading_errors(tmp_path, trained):
+    with pytest.raises(CodecError, match="not an offline codec folder"):
+        load_codec("offline", model=tmp_path)
+    with pytest.raises(CodecError, match="model="):
+        load_codec("offline")
+    out, _ = trained
+    with pytest.raises(CodecError, match="stream"):
+        load_codec("offline", model=out, stream="acoustic")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((out / "config.json").read_text())
+    (broken / "weights.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CodecError, match="weights"):
+        load_codec("offline", model=broken)
+
+
+def test_features_and_griffin_lim():
+    rng = np.random.default_rng(0)
+    t = np.arange(16000 + 123) / 16000
+    clip = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
+    mel = log_mel(clip)
+    assert mel.shape == (4 * math.ceil(clip.size / 640), 80) and mel.dtype == np.float32
+    assert log_mel(clip, 2).shape == (2 * math.ceil(clip.size / 320), 80)
+    y = mel_to_audio(mel, n_iter=8)
+    assert y.shape == (mel.shape[0] * 160,)
+    np.testing.assert_array_equal(y, mel_to_audio(mel, n_iter=8))
+    # the resynthesis keeps the spectrum: its mel is close to the original's where there is energy
+    again = log_mel(y[: clip.size])
+    loud = mel > mel.max() - 4
+    assert np.median(np.abs(again - mel)[loud]) < 0.5

@@ -1,0 +1,78 @@
+# Speech-token phase: train the offline codec (embedded default), tokenize every split, and
+# resynthesize the test lists through each codec that decodes (the reference rows).
+#
+# codec.tokenizers lists the token sets to build: offline (25 Hz semantic, single stream),
+# offline_rvq (50 Hz residual stack for Chain-of-Details) — both from the model this phase
+# trains — or s3 / dac, whose packages fetch their pretrained weights on a connected machine.
+
+CODEC = P["codec"]
+
+rule train_codec:
+    """Train the offline codec: phone-supervised 25 Hz tokens, an RVQ stack, a prompted decoder."""
+    input:
+        cuts=f"{DATA}/manifests/train_cuts.jsonl",
+        alignments=f"{DATA}/align/{P['alignment']['aligner']}/train.jsonl",
+    output:
+        model=directory(f"{DATA}/codec/offline"),
+    params:
+        sizes=json.dumps(CODEC["offline"], sort_keys=True),
+        seed=P["seed"],
+    threads: 2
+    log:
+        f"{LOGS}/train_codec.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar train-codec --cuts {input.cuts} --alignments {input.alignments} --out {output.model}"
+        " --sizes '{params.sizes}' --seed {params.seed} --threads {threads} 2> {log}"
+
+
+rule tokenize:
+    """Encode one split with one codec into token shards (manifest records the codec's hash)."""
+    input:
+        cuts=f"{DATA}/manifests/{{split}}_cuts.jsonl",
+        model=lambda wildcards: codec_model(wildcards.codec),
+    output:
+        manifest=f"{DATA}/tokens/{{codec}}/{{split}}/manifest.json",
+    params:
+        out=lambda wildcards, output: os.path.dirname(os.path.dirname(output.manifest)),
+        model=lambda wildcards, input: f"--model {input.model}" if input.model else "",
+    wildcard_constraints:
+        split="train|dev|test",
+        codec="offline|offline_rvq|s3|dac",
+    log:
+        f"{LOGS}/tokenize_{{codec}}_{{split}}.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar tokenize --codec {wildcards.codec} {params.model} --cuts {input.cuts}"
+        " --split {wildcards.split} --out {params.out} 2> {log}"
+
+
+rule resynthesize:
+    """Test-list targets -> tokens -> audio, with the item's prompt for the voice."""
+    input:
+        testlist=f"{DATA}/eval/testlists/{{task}}.tsv",
+        targets=f"{DATA}/systems/ground_truth/{{task}}",
+        prompts=f"{DATA}/eval/prompts/{{task}}",
+        model=lambda wildcards: codec_model(wildcards.codec),
+    output:
+        system=directory(f"{DATA}/systems/resynth_{{codec}}/{{task}}"),
+    params:
+        model=lambda wildcards, input: f"--model {input.model}" if input.model else "",
+    wildcard_constraints:
+        codec="offline|offline_rvq|dac",
+    log:
+        f"{LOGS}/resynthesize_{{codec}}_{{task}}.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar resynthesize --codec {wildcards.codec} {params.model} --testlist {input.testlist}"
+        " --targets {input.targets} --prompts {input.prompts} --out {output.system} 2> {log}"
+
+
+rule tokens:
+    """Target of the token phase (dvc.yaml stage `tokenize`)."""
+    input:
+        expand("{data}/tokens/{codec}/{split}/manifest.json", data=DATA, codec=CODEC["tokenizers"],
+               split=["train", "dev", "test"]),
