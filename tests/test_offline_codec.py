@@ -45,8 +45,8 @@ TINY = dict(
     enc_channels=32, enc_dilations=[1, 2], bottleneck=8, enc_epochs=2,
     n_tokens=16, kmeans_iters=4,
     dec_channels=32, dec_dilations=[1], dec_fine_channels=16, dec_fine_dilations=[1], dec_epochs=1,
+    enc_front_channels=8, enc_front_dilations=[1],
     rvq_codebooks=3, rvq_size=8, rvq_iters=4,
-    ref_channels=16, ref_dilations=[1], ref_epochs=1,
     batch_size=4, crop_seconds=1.0,
 )
 
@@ -120,12 +120,14 @@ def test_training_writes_model_and_report(trained):
     assert report["utterances"]["train"] + report["utterances"]["held_out"] == 8
     # one utterance is missing from the alignment file: trained on, but not by the phone encoder
     assert report["utterances"]["labelled"] in (report["utterances"]["train"] - 1, report["utterances"]["train"])
-    for stage in ("encoder_ce", "decoder_l1", "refiner_l1"):
+    for stage in ("encoder_ce", "decoder_l1"):
         curve = report["loss_curves"][stage]
         assert curve and all(math.isfinite(x) for x in curve)
     accuracy = report["held_out"]["phone_accuracy"]
     assert accuracy is None or 0.0 <= accuracy <= 1.0
-    assert set(report["seconds"]) >= {"features", "encoder", "kmeans", "decoder", "rvq", "refiner", "total"}
+    assert set(report["seconds"]) >= {"features", "encoder", "kmeans", "decoder", "rvq", "total"}
+    l1 = report["held_out"]["rvq_l1_by_codebooks"]  # more codebooks, less quantization error
+    assert l1[str(TINY["rvq_codebooks"])] < l1["1"]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["phones"][0] == "<sil>" and "k" in cfg["phones"] and "pau" not in cfg["phones"]
     assert cfg["semantic_frame_rate"] == 25.0 and cfg["rvq_frame_rate"] == 50.0
@@ -154,10 +156,17 @@ def test_training_from_supervision_timings(corpus, tmp_path):
     assert cfg["alignments"] == "supervisions"
 
 
-def test_training_rejects_unknown_options(corpus, tmp_path):
+def test_training_rejects_unknown_options(corpus, tmp_path, caplog):
     cuts, align, _ = corpus
     with pytest.raises(TypeError, match="unknown option"):
         train_offline_codec(cuts, align, tmp_path / "x", seed=1, progress=False, n_tokenz=4)
+    with pytest.raises(ValueError, match="token_layer"):
+        train_offline_codec(cuts, align, tmp_path / "x", seed=1, progress=False, token_layer="top")
+    # options of the retired refinement network are ignored with a warning
+    with caplog.at_level("WARNING", logger="arnar.codec"):
+        train_offline_codec(cuts, align, tmp_path / "r", seed=7, progress=False, ref_epochs=1, **TINY)
+    assert "retired" in caplog.text
+    assert (tmp_path / "r" / "weights.pt").is_file()
 
 
 # --------------------------------------------------------------------------- semantic stream
@@ -198,6 +207,10 @@ def test_semantic_decode_lengths_and_prompts(trained, corpus):
     assert [y.shape for y in with_audio] == [y.shape for y in plain]
     assert not np.allclose(with_audio[0], plain[0])  # the prompt's voice changes the output
     np.testing.assert_array_equal(with_audio[1], plain[1])  # None -> the default voice
+    import soxr
+
+    low = soxr.resample(clips[1], 16000, 8000).astype(np.float32)  # prompts at other rates are resampled
+    assert codec.decode(codes[:1], prompt_audio=[low], prompt_sample_rate=8000)[0].shape == plain[0].shape
     assert [y.shape for y in with_tokens] == [y.shape for y in plain[1:]]  # prompt frames are cut
     np.testing.assert_array_equal(with_tokens[1], plain[2])
     # decoding is deterministic
@@ -240,7 +253,7 @@ def test_rvq_stack_rate_shape_range_and_decode(trained, corpus):
     assert one.config_hash() != codec.config_hash()
     with pytest.raises(CodecError, match="n_codebooks"):
         load_codec("offline", model=out, stream="rvq", n_codebooks=TINY["rvq_codebooks"] + 1)
-    # the alias name, once the module is imported
+    # the stream's own codec name
     assert load_codec("offline_rvq", model=out).config_hash() == codec.config_hash()
 
 
