@@ -1,0 +1,106 @@
+"""AR baseline: a VALL-E stage-one / CosyVoice-style speech-token language model.
+
+Sequence (one running position range, causal attention)::
+
+    <sos> x_ref x_gen <turn> c_ref c_gen <eos>
+
+The model predicts every speech token and the final ``<eos>`` from all tokens before it; text
+positions carry no loss (CosyVoice 2 LM). Training uses single utterances (their text, their
+speech): prompt continuation at inference is exactly this layout with the prompt's text and
+speech as a prefix; cross-sentence prompting puts another utterance of the speaker there.
+
+Decoding: prefill the prefix into the KV cache in one pass, then one pass per generated token
+(nucleus / top-k sampling with repetition-aware resampling, as CosyVoice 2), until ``<eos>``
+is sampled, bounded by ``min_ratio`` / ``max_ratio`` speech tokens per target text token
+(CosyVoice's length bounds).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from arnar.decode.sampling import repetition_aware, restrict_logits, sample_tokens
+from arnar.paradigms import register_paradigm
+from arnar.paradigms.base import (
+    EOS,
+    IGNORE,
+    SOS,
+    TURN,
+    Example,
+    Generation,
+    Paradigm,
+    SynthesisRequest,
+    Utterance,
+)
+
+DECODING = {"temperature": 1.0, "top_k": 25, "top_p": 0.8, "ras_window": 10, "ras_ratio": 0.1,
+            "min_ratio": 2.0, "max_ratio": 20.0}
+
+
+def ar_sequence(vocab, text: torch.Tensor, speech: torch.Tensor) -> torch.Tensor:
+    """``<sos> text <turn> speech <eos>`` in shared ids (text: BPE ids, speech: codes)."""
+    return torch.cat([
+        torch.tensor([SOS]), vocab.text(text), torch.tensor([TURN]), vocab.speech(speech), torch.tensor([EOS]),
+    ])
+
+
+@register_paradigm
+class AR(Paradigm):
+    name = "ar"
+
+    def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
+        sequence = ar_sequence(self.vocab, utt.text, utt.speech)
+        inputs, targets = sequence[:-1], sequence[1:].clone()
+        # the position holding <turn> predicts the first speech token: everything before it is text
+        first_speech_target = len(utt.text) + 1
+        targets[:first_speech_target] = IGNORE
+        return Example(inputs, torch.arange(len(inputs)), targets)
+
+    def speech_or_eos(self, device) -> torch.Tensor:
+        allowed = torch.zeros(self.vocab.size, dtype=torch.bool, device=device)
+        allowed[self.vocab.speech_offset:] = True
+        allowed[EOS] = True
+        return allowed
+
+    @torch.no_grad()
+    def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        opts = {**DECODING, **decoding}
+        unknown = set(decoding) - set(DECODING)
+        if unknown:
+            raise ValueError(f"AR decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
+        from arnar.nn import KVCache
+
+        device = self.embed.weight.device
+        text = torch.cat([request.prompt_text, request.text])
+        prefix = ar_sequence(self.vocab, text, request.prompt_speech)[:-1].to(device)  # drop <eos>
+        min_len = int(opts["min_ratio"] * len(request.text))
+        max_len = max(min_len + 1, int(opts["max_ratio"] * len(request.text)))
+        if request.target_frames is not None:  # a fixed length was asked for: no <eos> decision
+            min_len = max_len = int(request.target_frames)
+        allowed = self.speech_or_eos(device)
+        no_eos = allowed.clone()
+        no_eos[EOS] = False
+
+        cache = KVCache()
+        logits = self.logits(prefix[None], torch.arange(len(prefix), device=device)[None], cache=cache)[:, -1]
+        passes, generated = 1, []
+        while True:
+            step_logits = restrict_logits(logits, allowed if len(generated) >= min_len else no_eos)
+            ids, _ = sample_tokens(step_logits, generator, temperature=opts["temperature"],
+                                   top_k=opts["top_k"], top_p=opts["top_p"])
+            ids = repetition_aware(ids, step_logits, generated, generator,
+                                   window=opts["ras_window"], max_ratio=opts["ras_ratio"])
+            token = int(ids[0])
+            if token == EOS:
+                break
+            generated.append(token)
+            if len(generated) >= max_len:
+                break
+            position = torch.tensor([[len(prefix) + len(generated) - 1]], device=device)
+            logits = self.logits(ids[None], position, cache=cache)[:, -1]
+            passes += 1
+        speech = self.vocab.speech_codes(torch.tensor(generated, dtype=torch.long))
+        return Generation(speech, forward_passes=passes, first_packet_passes=None,
+                          info={"stopped_by_eos": token == EOS})

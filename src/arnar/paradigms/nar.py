@@ -1,0 +1,122 @@
+"""NAR baseline: MaskGCT stage-one (text-to-semantic) style masked generative transformer.
+
+Sequence (one running position range, bidirectional attention)::
+
+    <sos> x_ref x_gen <turn> c_ref c_gen
+
+where ``c_gen`` is partly replaced by ``<mask>``. Training takes one utterance, keeps a random
+prefix of its speech (up to ``prompt_max`` of it) unmasked as the prompt, and masks
+``ceil(gamma(u) * T_gen)`` random positions of the rest, ``u ~ U(0, 1)``, with the MaskGIT cosine
+schedule ``gamma(u) = cos(pi u / 2)``; the loss is cross-entropy on the masked positions only.
+
+Decoding (MaskGIT, Chang et al. 2022): all ``T_gen`` target positions start masked; each of
+``steps`` passes predicts every masked position, then re-masks the least confident ones so that
+``floor(T_gen * gamma(s / steps))`` stay masked after step ``s``; confidence is the sampled
+token's probability plus Gumbel noise annealed to zero over the steps. ``T_gen`` is the
+ground truth when given, else palle.txt Eq. 11: ``T_ref * L_gen / L_ref``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from arnar.decode.sampling import restrict_logits, sample_tokens
+from arnar.decode.schedules import cosine_mask_ratio, masks_per_step, total_frames_estimate
+from arnar.paradigms import register_paradigm
+from arnar.paradigms.base import (
+    IGNORE,
+    MASK,
+    SOS,
+    TURN,
+    Example,
+    Generation,
+    Paradigm,
+    SynthesisRequest,
+    Utterance,
+)
+
+DECODING = {"steps": 16, "temperature": 1.0, "top_k": 0, "top_p": 0.9, "noise": 1.0}
+
+
+def nar_sequence(vocab, text: torch.Tensor, prompt: torch.Tensor, target: torch.Tensor,
+                 masked: torch.Tensor) -> torch.Tensor:
+    """``<sos> text <turn> prompt target`` in shared ids, target positions where ``masked`` is True
+    replaced by ``<mask>``."""
+    target_ids = torch.where(masked, torch.tensor(MASK), vocab.speech(target))
+    return torch.cat([torch.tensor([SOS]), vocab.text(text), torch.tensor([TURN]), vocab.speech(prompt), target_ids])
+
+
+@register_paradigm
+class NAR(Paradigm):
+    name = "nar"
+
+    def __init__(self, vocab, model, *, prompt_max: float = 0.4, **options: Any):
+        super().__init__(vocab, model, prompt_max=prompt_max, **options)
+        self.prompt_max = prompt_max
+
+    def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
+        T = utt.num_frames
+        # prompt: a prefix of up to prompt_max of the utterance; at least one target frame
+        n_prompt = min(int(torch.rand((), generator=generator) * self.prompt_max * T), T - 1)
+        n_target = T - n_prompt
+        u = float(torch.rand((), generator=generator))
+        n_masked = max(1, math.ceil(cosine_mask_ratio(u) * n_target))
+        order = torch.randperm(n_target, generator=generator)
+        masked = torch.zeros(n_target, dtype=torch.bool)
+        masked[order[:n_masked]] = True
+        prompt, target = utt.speech[:n_prompt], utt.speech[n_prompt:]
+        inputs = nar_sequence(self.vocab, utt.text, prompt, target, masked)
+        targets = torch.full_like(inputs, IGNORE)
+        start = len(inputs) - n_target
+        targets[start:][masked] = self.vocab.speech(target[masked])
+        S = len(inputs)
+        return Example(inputs, torch.arange(S), targets, torch.ones(S, S, dtype=torch.bool))
+
+    @torch.no_grad()
+    def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        unknown = set(decoding) - set(DECODING)
+        if unknown:
+            raise ValueError(f"NAR decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
+        opts = {**DECODING, **decoding}
+        device = self.embed.weight.device
+        n_target = request.target_frames or total_frames_estimate(
+            len(request.prompt_speech), len(request.prompt_text), len(request.text))
+        text = torch.cat([request.prompt_text, request.text])
+        target = torch.zeros(n_target, dtype=torch.long)
+        masked = torch.ones(n_target, dtype=torch.bool)
+        sequence = nar_sequence(self.vocab, text, request.prompt_speech, target, masked).to(device)
+        start = len(sequence) - n_target
+        positions = torch.arange(len(sequence), device=device)[None]
+        allowed = torch.zeros(self.vocab.size, dtype=torch.bool, device=device)
+        allowed[self.vocab.speech_offset:] = True
+        steps = int(opts["steps"])
+        masked = masked.to(device)
+        for step, keep_masked in enumerate(masks_per_step(n_target, steps), start=1):
+            logits = self.logits(sequence[None], positions)[0, start:]  # bidirectional (all True)
+            ids, probs = sample_tokens(restrict_logits(logits, allowed), generator,
+                                       temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"])
+            # confidence of fresh predictions; committed tokens are never re-masked
+            annealing = opts["noise"] * (1.0 - step / steps)
+            gumbel = -torch.log(-torch.log(torch.rand(n_target, generator=generator).clamp_min(1e-20)))
+            confidence = torch.log(probs.clamp_min(1e-20)) + annealing * gumbel.to(device)
+            confidence = confidence.masked_fill(~masked, float("inf"))
+            target_ids = sequence[start:].clone()
+            target_ids[masked] = ids[masked]
+            still_masked = torch.zeros_like(masked)
+            if keep_masked > 0:
+                still_masked[torch.topk(confidence, keep_masked, largest=False).indices] = True
+            target_ids[still_masked] = MASK
+            sequence[start:] = target_ids
+            masked = still_masked
+        speech = self.vocab.speech_codes(sequence[start:].cpu())
+        return Generation(speech, forward_passes=steps, info={"target_frames": n_target,
+                                                             "length_from": "given" if request.target_frames else "eq11"})
+
+    def logits(self, input_ids, position_ids, attention_mask=None, cache=None, cond=None):
+        if attention_mask is None:  # this paradigm is bidirectional everywhere
+            B, S = input_ids.shape
+            attention_mask = torch.ones(B, S, S, dtype=torch.bool, device=input_ids.device)
+        return super().logits(input_ids, position_ids, attention_mask, cache, cond)
