@@ -31,6 +31,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/align.smk"
 include: "workflow/rules/tokenize.smk"
+include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
@@ -40,5 +41,6 @@ rule all:
         rules.data.input,
         rules.alignment.input,
         rules.tokens.input,
+        rules.training.input,
         rules.report.output,
     default_target: True

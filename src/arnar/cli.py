@@ -169,7 +169,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     build_report(
         eval_dir=Path(args.eval_dir), testlist_dir=Path(args.testlists), prompts_dir=Path(args.prompts),
         systems_dir=Path(args.systems_dir), systems=args.systems, out_dir=Path(args.out_dir),
-        samples=args.samples, profile=args.profile,
+        samples=args.samples, profile=args.profile, train_dir=Path(args.train_dir) if args.train_dir else None,
     )
 
 
@@ -294,6 +294,32 @@ def cmd_resynthesize(args: argparse.Namespace) -> None:
     log.info("resynthesized %d items with %s", len(items), args.codec)
 
 
+def cmd_synthesize(args: argparse.Namespace) -> None:
+    """A trained paradigm speaks a frozen test list (or one sentence) through the codec."""
+    import soundfile as sf
+
+    from arnar.evaluate.audio import load_mono
+    from arnar.synthesize import Synthesizer, synthesize_testlist
+
+    try:
+        decoding = json.loads(args.decoding)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--decoding: not JSON ({err})") from None
+    synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
+                        device=args.device, decoding=decoding, checkpoint=args.checkpoint)
+    if args.testlist:
+        if not (args.prompts and args.out):
+            raise ValueError("--testlist needs --prompts and --out")
+        synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed)
+        return
+    if not (args.text and args.prompt_wav and args.prompt_text and args.out):
+        raise ValueError("give either --testlist, or --text, --prompt-wav, --prompt-text and --out (a .wav path)")
+    prompt, rate = load_mono(Path(args.prompt_wav))
+    audio, record = synth.synthesize(args.text, prompt, args.prompt_text, rate, seed=args.seed)
+    sf.write(args.out, audio, synth.codec.sample_rate, subtype="PCM_16")
+    log.info("wrote %s (%.2f s, %s)", args.out, len(audio) / synth.codec.sample_rate, json.dumps(record))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arnar", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -398,6 +424,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_resynthesize)
 
+    p = sub.add_parser("synthesize", help="speak text (or a whole test list) with a trained paradigm")
+    p.add_argument("--run-dir", required=True, help="a training run (data/<profile>/runs/<paradigm>)")
+    p.add_argument("--checkpoint", default="final", help="final (default), last, or step_<N>")
+    p.add_argument("--codec", required=True, help="the token set the run was trained on (offline, s3)")
+    p.add_argument("--codec-model", help="folder of a trained codec (the offline codec)")
+    p.add_argument("--bpe", required=True, help="the BPE model of the corpus")
+    p.add_argument("--testlist", help="a frozen test list (TSV); with --prompts and --out (a folder)")
+    p.add_argument("--prompts", help="folder of <item_id>.wav prompts")
+    p.add_argument("--text", help="one sentence to speak (instead of --testlist)")
+    p.add_argument("--prompt-wav", help="prompt recording for --text")
+    p.add_argument("--prompt-text", help="transcript of --prompt-wav")
+    p.add_argument("--out", help="output folder (test list) or .wav (one sentence)")
+    p.add_argument("--decoding", default="{}", help="JSON decoding options, e.g. '{\"steps\": 25}'")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_synthesize)
+
+    # `arnar train ...` is dispatched to arnar.train.main before this parser (see main); listed for --help
+    sub.add_parser("train", help="train a paradigm: arnar train --run-dir R --tokens T --durations D --bpe B"
+                   " -- paradigm=ar model=small train=mini (see arnar train --help)")
+
     p = sub.add_parser("testlists", help="build the zero-shot test lists; check them against the frozen ones")
     p.add_argument("--cuts", required=True, help="lhotse cuts of the test split")
     p.add_argument("--profile", default="mini", help="whose frozen lists (src/arnar/evaluate/testlists/<profile>)")
@@ -452,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--profile", required=True)
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--train-dir", help="folder of training summaries <system>.json (training table)")
     p.set_defaults(func=cmd_report)
     return parser
 
@@ -478,6 +526,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # the engine parses its own arguments (paths, then Hydra overrides)
+        from arnar.train import main as train_main
+
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -86,6 +86,31 @@ def comparison_table(results: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
+    """Model size and training budget of every trained system (DESIGN.md section 6: a comparison
+    states sizes and steps), from the engine's summaries ``<train_dir>/<system>.json``."""
+    if train_dir is None:
+        return ""
+    rows = []
+    for system in systems:
+        path = train_dir / f"{system}.json"
+        if not path.exists():
+            continue
+        run = json.loads(path.read_text(encoding="utf-8"))
+        model = run.get("model", {})
+        rows.append("| " + " | ".join([
+            system, run.get("paradigm", "–"), f"{run['parameters'] / 1e6:.2f}M",
+            f"{model.get('n_layers', '–')} x {model.get('dim', '–')}", str(run["steps"]),
+            _fmt(run.get("epochs"), 1), _fmt(run["wall_time_s"] / 60, 1), _fmt(run.get("tokens_per_s"), 0),
+            _fmt(run.get("final_train_loss"), 3), _fmt(run.get("final_dev_loss"), 3),
+        ]) + " |")
+    if not rows:
+        return ""
+    header = ("| System | Paradigm | Parameters | Layers x dim | Steps | Epochs | Train (min) | Tokens/s "
+              "| Train loss | Dev loss |\n|---|---|---|---|---|---|---|---|---|---|")
+    return "### Training\n\n" + header + "\n" + "\n".join(rows) + "\n"
+
+
 def audit_table(audit: dict) -> str:
     lines = [f"{audit['utterances']} utterances, {audit['speakers']} speakers.", ""]
     for name, asr in audit["asr"].items():
@@ -264,10 +289,14 @@ def build_html(*, profile: str, tables_md: str, audit_md: str, samples: dict, pl
 
 
 def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, systems_dir: Path,
-                 systems: Sequence[str], out_dir: Path, samples: int, profile: str) -> None:
+                 systems: Sequence[str], out_dir: Path, samples: int, profile: str,
+                 train_dir: Path | None = None) -> None:
     results = load_results(eval_dir, systems)
     audit = json.loads((eval_dir / "ground_truth_audit.json").read_text(encoding="utf-8"))
     tables_md = comparison_table(results)
+    training_md = training_table(train_dir, systems)
+    if training_md:
+        tables_md = f"{tables_md}\n{training_md}"
     audit_md = audit_table(audit)
     _atomic_text(out_dir / "comparison.md", f"# Comparison — profile {profile}\n\n{tables_md}")
     _atomic_text(out_dir / "ground_truth_audit.md", f"# Ground-truth audit — profile {profile}\n\n{audit_md}")

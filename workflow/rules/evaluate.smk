@@ -10,7 +10,8 @@ from arnar.evaluate.testlists import TASKS
 EVAL = P["evaluation"]
 # Reference rows first (ground truth, then ground truth through each codec and back); paradigms
 # append their names as they land.
-SYSTEMS = ["ground_truth"] + [f"resynth_{codec}" for codec in P["codec"]["resynthesis"]]
+SYSTEMS = (["ground_truth"] + [f"resynth_{codec}" for codec in P["codec"]["resynthesis"]]
+           + list(P["training"]["paradigms"]))
 ASR_ARGS = " ".join(f"--asr {name}" for name in EVAL["asr"])
 
 

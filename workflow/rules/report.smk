@@ -9,6 +9,7 @@ rule report:
         testlists=expand("{data}/eval/testlists/{task}.tsv", data=DATA, task=TASKS),
         prompts=expand("{data}/eval/prompts/{task}", data=DATA, task=TASKS),
         systems=expand("{data}/systems/{system}/{task}", data=DATA, system=SYSTEMS, task=TASKS),
+        training=expand("{results}/train/{paradigm}.json", results=RESULTS, paradigm=PARADIGMS),
     output:
         tables=report(f"{RESULTS}/report/comparison.md", caption="../report/comparison.rst", category="Evaluation"),
         audit=report(f"{RESULTS}/report/ground_truth_audit.md", caption="../report/audit.rst", category="Evaluation"),
@@ -29,6 +30,7 @@ rule report:
         systems=" ".join(SYSTEMS),
         samples=EVAL["report_samples"],
         out_dir=lambda wildcards, output: os.path.dirname(output.html),
+        train_dir=f"{RESULTS}/train",
     log:
         f"{LOGS}/report.log",
     conda:
@@ -36,4 +38,5 @@ rule report:
     shell:
         "arnar report --eval-dir {params.eval_dir} --testlists {params.testlists}"
         " --prompts {params.prompts} --systems-dir {params.systems_dir} --systems {params.systems}"
-        " --samples {params.samples} --profile {params.profile} --out-dir {params.out_dir} 2> {log}"
+        " --samples {params.samples} --profile {params.profile} --out-dir {params.out_dir}"
+        " --train-dir {params.train_dir} 2> {log}"
