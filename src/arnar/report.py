@@ -91,11 +91,11 @@ def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
     states sizes and steps), from the engine's summaries ``<train_dir>/<system>.json``."""
     if train_dir is None:
         return ""
+    # every run of the training phase (multi-stage paradigms have several), evaluated systems first
+    paths = sorted(train_dir.glob("*.json"), key=lambda p: (p.stem not in systems, p.stem))
     rows = []
-    for system in systems:
-        path = train_dir / f"{system}.json"
-        if not path.exists():
-            continue
+    for path in paths:
+        system = path.stem
         run = json.loads(path.read_text(encoding="utf-8"))
         model = run.get("model", {})
         rows.append("| " + " | ".join([
@@ -106,7 +106,7 @@ def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
         ]) + " |")
     if not rows:
         return ""
-    header = ("| System | Paradigm | Parameters | Layers x dim | Steps | Epochs | Train (min) | Tokens/s "
+    header = ("| Run | Paradigm | Parameters | Layers x dim | Steps | Epochs | Train (min) | Tokens/s "
               "| Train loss | Dev loss |\n|---|---|---|---|---|---|---|---|---|---|")
     return "### Training\n\n" + header + "\n" + "\n".join(rows) + "\n"
 

@@ -87,6 +87,10 @@ class Synthesizer:
         prompt_codes = torch.as_tensor(self.codec.encode([prompt], self.codec.sample_rate)[0][0], dtype=torch.long)
         request = SynthesisRequest(self.text_ids(text, "text"), self.text_ids(prompt_text, "prompt text"),
                                    prompt_codes, target_frames=target_frames)
+        prepare = getattr(self.model, "prepare_request", None)
+        if callable(prepare):  # paradigms with inputs of their own (CoD: phonemes, speaker embedding)
+            request = prepare(request, text=text, prompt_text=prompt_text, prompt_audio=prompt,
+                              sample_rate=self.codec.sample_rate)
         generator = torch.Generator().manual_seed(seed)
         token_start = time.perf_counter()
         generation = self.model.generate(request, generator, **self.decoding)

@@ -578,11 +578,12 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
 
     # data: every rank reads all of it (token sets are small next to the model) and shards batches
     data_opts = {"codebook": int(cfg.data.codebook), "max_frames": cfg.data.max_frames}
-    utterances = load_utterances(train_tokens, train_durations, **data_opts)
+    utterances = load_utterances(train_tokens, train_durations, **data_opts, features=cfg.data.get("features"))
     vocab = vocab_for(train_tokens, bpe_model)
     codec_hash = read_token_manifest(train_tokens)["codec"].get("config_hash")  # no resuming onto other tokens
     _check_vocab(utterances, vocab, str(train_durations))
-    dev = load_utterances(dev_tokens, dev_durations, **data_opts) if dev_tokens is not None else []
+    dev = (load_utterances(dev_tokens, dev_durations, **data_opts, features=cfg.data.get("dev_features"))
+           if dev_tokens is not None else [])
     if dev:
         _check_vocab(dev, vocab, str(dev_durations))
 

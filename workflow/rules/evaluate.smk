@@ -11,7 +11,7 @@ EVAL = P["evaluation"]
 # Reference rows first (ground truth, then ground truth through each codec and back); paradigms
 # append their names as they land.
 SYSTEMS = (["ground_truth"] + [f"resynth_{codec}" for codec in P["codec"]["resynthesis"]]
-           + list(P["training"]["paradigms"]))
+           + PARADIGMS)  # the paradigms' evaluated systems (train.smk)
 ASR_ARGS = " ".join(f"--asr {name}" for name in EVAL["asr"])
 
 

@@ -9,7 +9,7 @@ rule report:
         testlists=expand("{data}/eval/testlists/{task}.tsv", data=DATA, task=TASKS),
         prompts=expand("{data}/eval/prompts/{task}", data=DATA, task=TASKS),
         systems=expand("{data}/systems/{system}/{task}", data=DATA, system=SYSTEMS, task=TASKS),
-        training=expand("{results}/train/{paradigm}.json", results=RESULTS, paradigm=PARADIGMS),
+        training=expand("{results}/train/{run}.json", results=RESULTS, run=ALL_RUNS),
     output:
         tables=report(f"{RESULTS}/report/comparison.md", caption="../report/comparison.rst", category="Evaluation"),
         audit=report(f"{RESULTS}/report/ground_truth_audit.md", caption="../report/audit.rst", category="Evaluation"),

@@ -137,9 +137,12 @@ def load_utterances(
     *,
     codebook: int = 0,
     max_frames: int | None = None,
+    features: str | os.PathLike | None = None,
 ) -> list[Utterance]:
     """The utterances of one split: token shards of ``tokens_dir`` (a split folder with a
-    ``manifest.json``) joined with the rows of ``durations_jsonl`` (see the module docstring)."""
+    ``manifest.json``) joined with the rows of ``durations_jsonl`` (see the module docstring).
+    ``features``: a ``torch.save``d dict ``utt_id -> {name: tensor}`` of per-utterance inputs a
+    paradigm needs (``Utterance.features``); utterances without an entry are skipped."""
     from arnar.codec.shards import TokenShardError, read_token_manifest, read_token_shards
 
     try:
@@ -156,6 +159,16 @@ def load_utterances(
             f"{Path(tokens_dir) / 'manifest.json'} are at {token_rate} Hz"
         )
     utterances, counts = join_utterances(tokens, durations, codebook=codebook, max_frames=max_frames)
+    if features is not None:
+        table = read_features(features)
+        kept = []
+        for utt in utterances:
+            if utt.utt_id in table:
+                utt.features = dict(table[utt.utt_id])
+                kept.append(utt)
+            else:
+                counts["no_features"] += 1
+        utterances = kept
     skipped = {k: v for k, v in counts.items() if v and k != "clipped"}
     log.info(
         "training data %s + %s: %d utterances, %d frames; skipped %d (%s); ends clipped to the "
@@ -167,6 +180,19 @@ def load_utterances(
     if not utterances:
         raise TrainDataError(f"no utterance of {tokens_dir} joins with {durations_jsonl} ({dict(counts)})")
     return utterances
+
+
+def read_features(path: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:
+    """``utt_id -> {name: tensor}`` from a features file (see :func:`load_utterances`)."""
+    try:
+        table = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise TrainDataError(f"{path}: features file not found") from None
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise TrainDataError(f"{path}: unreadable features file ({err})") from None
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise TrainDataError(f"{path}: not a features file (expected a dict utt_id -> dict of tensors)")
+    return table
 
 
 def vocab_for(tokens_dir: str | os.PathLike, bpe_model_path: str | os.PathLike) -> Vocab:

@@ -52,7 +52,11 @@ def sample_tokens(
         ids = flat.argmax(-1)
     else:
         filtered = filter_top_k_top_p(flat / temperature, top_k, top_p)
-        ids = torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
+        probs_filtered = filtered.softmax(-1)
+        if generator is not None and generator.device != probs_filtered.device:
+            # a CPU generator (reproducible across devices) draws on the CPU
+            probs_filtered = probs_filtered.cpu()
+        ids = torch.multinomial(probs_filtered, 1, generator=generator).squeeze(-1).to(flat.device)
     probs = full_probs.gather(-1, ids[:, None]).squeeze(-1)
     return ids.reshape(shape), probs.reshape(shape)
 
@@ -74,5 +78,8 @@ def repetition_aware(
     restricted to the allowed ids)."""
     recent = history[-window:]
     if window > 0 and recent and recent.count(int(ids[0])) > max_ratio * window:
-        return torch.multinomial(logits.float().softmax(-1), 1, generator=generator).squeeze(-1)
+        probs = logits.float().softmax(-1)
+        if generator is not None and generator.device != probs.device:
+            probs = probs.cpu()
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
     return ids

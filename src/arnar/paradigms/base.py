@@ -96,6 +96,9 @@ class Utterance:
     text: torch.Tensor
     speech: torch.Tensor
     ends: torch.Tensor | None = None
+    # per-utterance inputs some paradigms add (e.g. phoneme ids, a speaker embedding), from a
+    # features file built by the DAG (arnar.data.tts.load_utterances(features=...))
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_frames(self) -> int:
@@ -194,6 +197,8 @@ class SynthesisRequest:
     prompt_speech: torch.Tensor  # codes [T_p]
     target_frames: int | None = None
     text_ends: torch.Tensor | None = None  # a_n of the target (oracle durations), if a paradigm uses them
+    # inputs a paradigm derives itself in its prepare_request() hook (e.g. phonemes, a speaker embedding)
+    features: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,0 +1,425 @@
+"""PALLE (palle.txt): pseudo-autoregressive span generation (stage one) + NAR refinement (stage two).
+
+Both stages are the same network (palle.txt 4.1, Fig. 3a), trained separately:
+
+    speech ids [T] (codes; <mask> where masked) ─ embed ─────────────── + a_s PE ─ dropout ─┐
+    text ids [T] (x_ref x_gen <pad> ... <pad>)  ─ embed ─ ConvNeXt V2 ─ + a_t PE ─ dropout ─┴─ concat
+      ─ Linear(2D -> D) ─ + conv positional embedding (kernel 7) ─ bidirectional Transformer ─ head
+
+The text is padded with ``<pad>`` to the speech length (Eqs. 6, 13) so the two streams fuse along
+the feature dimension (E2 TTS); ``PE`` is a sinusoidal encoding with a learnable scale per stream.
+The shared backbone also applies RoPE at the same positions (arnar.nn.Transformer always does):
+one more relative-position signal, on top of the paper's two.
+
+Training (one :class:`Example` per utterance: ``input_ids`` = the speech stream, ``extras["text_ids"]``
+= the padded text stream, all-True attention):
+
+* stage one (Eqs. 7-9): the first ``floor(0.3 T)`` frames are a prompt; a span start
+  ``s ~ U{floor(0.3T), ..., T - floor(0.1T) - 1}`` is drawn, every frame from ``s`` on is masked,
+  and the loss is on the left-most ``k = floor(0.1 T)`` masked frames only.
+* stage two (Eq. 10): frames after ``floor(0.3 T)`` are masked independently with ``p = 0.1``; the
+  loss is on the masked frames.
+
+Decoding (palle.txt 4.3): ``T_gen`` from the request or Eq. 11, times ``duration_multiplier``
+(Fig. 5). Stage one commits the left-most span of the still-masked frames per pass (Eqs. 12-14);
+stage two re-masks the least confident ``gamma`` quantile of the generated frames and re-predicts
+them, ``refine_steps`` times, never the same frame twice (Eqs. 15-16). One backbone pass per step:
+``steps + refine_steps`` passes (100 + 7 by default) whatever the length.
+
+Both networks live in this one module, ``stage_one`` and ``stage_two``; option ``stage`` says
+which one trains (the other is frozen). A stage-2 run starts from the stage-1 run's weights
+(``train.init_from``), and loading a state dict whose stage two was never initialised copies
+stage one into stage two (palle.txt 5.1: "the second stage is fine-tuned based on the first").
+The stage-2 checkpoint therefore holds both trained networks and decodes both stages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from arnar.decode.sampling import restrict_logits, sample_tokens
+from arnar.decode.schedules import total_frames_estimate
+from arnar.paradigms import register_paradigm
+from arnar.paradigms.base import (
+    IGNORE,
+    MASK,
+    PAD,
+    Batch,
+    Example,
+    Generation,
+    LossOutput,
+    Paradigm,
+    SynthesisRequest,
+    Utterance,
+    token_cross_entropy,
+)
+
+# palle.txt 5.1 "Inference Details": 100 stage-one steps, 7 stage-two steps at gamma = 0.05, top-p
+# with a small p (0.2-0.35) slightly better than greedy (temperature 0).
+# refine_steps None: 7 for a stage-2 model, 0 for a stage-1 model (whose stage two is untrained).
+# r None: stage one splits the generated frames evenly over ``steps`` passes; r set: the paper's
+# literal k' = floor(r T_gen) per pass (see :func:`stage_one_spans`).
+DECODING = {"steps": 100, "r": None, "refine_steps": None, "gamma": 0.05, "top_p": 0.3,
+            "temperature": 1.0, "duration_multiplier": 1.0}
+REFINE_STEPS = 7
+PINNED = 1.0  # confidence given to refined frames (Eq. 16 ranks log-probabilities <= 0): never again lowest
+
+# floor(ratio * T) with a float ratio: 0.7 * 90 is 62.99999999999999 in binary floating point
+_EPS = 1e-9
+
+
+def _floor(ratio: float, n: int) -> int:
+    return math.floor(ratio * n + _EPS)
+
+
+# ----------------------------------------------------------------------------- sequences and masks
+
+def padded_text(vocab, text: torch.Tensor, length: int) -> torch.Tensor:
+    """BPE ids -> shared ids padded with ``<pad>`` to ``length`` (Eqs. 6, 13).
+
+    A text longer than the speech cannot be padded; it is cut to ``length`` (F5-TTS does the same).
+    With a 25 Hz codec and a 2000-class BPE it does not happen in real data; :meth:`PALLE.generate`
+    lengthens the speech instead, so that no word to be spoken is dropped."""
+    ids = vocab.text(text[:length])
+    return torch.cat([ids, torch.full((length - len(ids),), PAD, dtype=torch.long)])
+
+
+def span_mask(T: int, generator: torch.Generator, prompt_ratio: float = 0.3,
+              span_ratio: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Stage-one training mask (Eqs. 7-9): ``(masked, scored, s)``, bool ``[T]`` each.
+
+    ``s ~ U{floor(0.3T), ..., T - floor(0.1T) - 1}`` (Eq. 7), ``masked`` = frames ``s..T-1``
+    (Eq. 8), ``scored`` = the left-most ``k = floor(0.1T)`` of them (Eq. 9). Short utterances
+    (``T < 10``, where ``floor(0.1T) = 0`` would leave nothing to learn) score ``k = 1`` frame; the
+    upper bound of Eq. 7 keeps at least ``floor(0.1T) + 1 >= k`` masked frames, so exactly ``k``
+    frames are scored for every ``T >= 1``."""
+    if T < 1:
+        raise ValueError("an utterance needs at least one speech frame")
+    tail = _floor(span_ratio, T)
+    k = max(1, tail)
+    low, high = _floor(prompt_ratio, T), T - tail - 1
+    s = low + int(torch.randint(high - low + 1, (), generator=generator))
+    frame = torch.arange(T)
+    masked = frame >= s
+    return masked, masked & (frame < s + k), s
+
+
+def refine_mask(T: int, generator: torch.Generator, prompt_ratio: float = 0.3, p: float = 0.1) -> torch.Tensor:
+    """Stage-two training mask (Eq. 10): ``{0}^floor(0.3T) (+) Bernoulli(p)^(T - floor(0.3T))``.
+
+    At least one frame is masked (one uniformly drawn after the prompt when the draws gave none),
+    so that every example has a target; this raises the rate slightly above ``p`` on short
+    utterances (by ``(1-p)^n / n`` for ``n`` candidate frames)."""
+    if T < 1:
+        raise ValueError("an utterance needs at least one speech frame")
+    n_prompt = _floor(prompt_ratio, T)
+    masked = torch.rand(T, generator=generator) < p
+    masked[:n_prompt] = False
+    fallback = n_prompt + int(torch.randint(T - n_prompt, (), generator=generator))
+    if not masked.any():
+        masked[fallback] = True
+    return masked
+
+
+# ----------------------------------------------------------------------------- decoding schedules
+
+def stage_one_spans(n_generate: int, steps: int, r: float | None = None, total_frames: int | None = None) -> list[int]:
+    """How many frames each stage-one pass commits (left to right); sums to ``n_generate``.
+
+    ``r is None`` (default): the ``n_generate`` frames are split evenly over exactly ``steps``
+    passes (sizes differ by at most one): each pass commits the fixed proportion ``1/steps`` of
+    the target that gives PAR its constant number of steps (palle.txt 5.1, 5.4: "100 steps per
+    sample", "each span covers a fixed proportion of the target sequence"). Fewer than ``steps``
+    frames take one pass per frame.
+
+    ``r`` given: the literal rule of Eqs. 4 and 14, ``k' = min(floor(r T_gen), N_left)`` with
+    ``T_gen = total_frames`` (prompt + target, Eq. 11's notation) and ``k' >= 1``; since ``floor``
+    rounds down, ``1/r`` passes may not reach the end, so the ``steps``-th pass commits the rest
+    (``steps`` is then an upper bound)."""
+    if n_generate < 0 or steps < 1:
+        raise ValueError(f"need n_generate >= 0 and steps >= 1, got {n_generate}, {steps}")
+    if r is None:
+        passes = min(steps, n_generate)
+        return [(i + 1) * n_generate // passes - i * n_generate // passes for i in range(passes)]
+    if not 0.0 < r < 1.0:
+        raise ValueError(f"the commit ratio r must be in (0, 1), got {r}")
+    span = max(1, _floor(r, total_frames if total_frames is not None else n_generate))
+    spans, left = [], n_generate
+    while left > 0:
+        size = left if len(spans) == steps - 1 else min(span, left)
+        spans.append(size)
+        left -= size
+    return spans
+
+
+def quantile_count(n: int, gamma: float) -> int:
+    """Number of the ``n`` confidence scores at or below their ``gamma`` quantile (linear
+    interpolation, as ``torch.quantile``; distinct scores): ``floor(gamma (n - 1)) + 1``, at
+    least one. 5 of 100 frames at gamma 0.05; one frame per step below 21 frames."""
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    return 0 if n <= 0 else math.floor(gamma * (n - 1) + _EPS) + 1
+
+
+def lowest_confidence(confidence: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the ``count`` least confident frames (Eq. 16 ranking), in frame order."""
+    return torch.topk(confidence, count, largest=False).indices.sort().values
+
+
+# ----------------------------------------------------------------------------- the network
+
+def sinusoidal_positions(position_ids: torch.Tensor, dim: int) -> torch.Tensor:
+    """Transformer sinusoidal encoding ``[..., dim]`` of ``position_ids`` (sines then cosines)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=position_ids.device, dtype=torch.float32) / half)
+    angles = position_ids.float()[..., None] * freqs
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class PalleNetwork(nn.Module):
+    """One PALLE masked generative transformer (palle.txt 4.1, Fig. 3a): speech and padded text
+    streams of equal length -> logits over the shared vocabulary at every position.
+
+    One embedding table serves both streams: text and speech ids are disjoint ranges of the shared
+    vocabulary, so this is the same as two tables (the rows a stream never uses get no gradient)
+    without a second copy of the specials. Embeddings start at N(0, 1) and the positional scales
+    at 1, so both terms enter the fusion at comparable size (VALL-E's sinusoidal embedding does
+    the same). ``passes`` counts calls: the decoding loops report it as their forward passes."""
+
+    def __init__(self, vocab_size: int, cfg, *, convnext_kernel: int = 7, convnext_ffn_ratio: float = 2.0,
+                 conv_pos_kernel: int = 7, conv_pos_groups: int = 16):
+        super().__init__()
+        from arnar.nn import ConvNeXtV2Block, ConvPositionEmbedding, Transformer
+
+        if cfg.dim % 2:
+            raise ValueError(f"PALLE's sinusoidal encoding needs an even model dim, got {cfg.dim}")
+        dim = cfg.dim
+        self.dim = dim
+        self.embed = nn.Embedding(vocab_size, dim)
+        # 5.1: "a one-layer ConvNeXt V2 block with 1024-dimensional embeddings and a 2048-dimensional
+        # feed-forward layer" -> intermediate = 2 * dim
+        self.text_encoder = ConvNeXtV2Block(dim, intermediate_dim=round(convnext_ffn_ratio * dim),
+                                            kernel_size=convnext_kernel)
+        self.speech_position_scale = nn.Parameter(torch.ones(()))
+        self.text_position_scale = nn.Parameter(torch.ones(()))
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.fuse = nn.Linear(2 * dim, dim)
+        # Le et al. 2023 (Voicebox) convolutional positional embedding, GELU as there; kernel 7 (5.1)
+        self.conv_position = ConvPositionEmbedding(dim, conv_pos_kernel, conv_pos_groups, activation="gelu")
+        self.backbone = Transformer(cfg)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        nn.init.normal_(self.head.weight, std=0.02)
+        self.passes = 0
+
+    def hidden(self, speech_ids: torch.Tensor, text_ids: torch.Tensor, position_ids: torch.Tensor,
+               attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, S]`` speech and text ids -> ``[B, S, dim]`` backbone output."""
+        self.passes += 1
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0).expand_as(speech_ids)
+        real = speech_ids != PAD  # batch padding (the speech stream holds codes or <mask> elsewhere)
+        speech = self.embed(speech_ids)
+        positions = sinusoidal_positions(position_ids, self.dim).to(speech.dtype)
+        speech = self.dropout(speech + self.speech_position_scale * positions)
+        text = self.text_encoder(self.embed(text_ids), real)
+        text = self.dropout(text + self.text_position_scale * positions)
+        fused = self.conv_position(self.fuse(torch.cat([speech, text], dim=-1)), real)
+        return self.backbone(fused, position_ids, attention_mask)
+
+    def forward(self, speech_ids, text_ids, position_ids, attention_mask) -> torch.Tensor:
+        return self.head(self.hidden(speech_ids, text_ids, position_ids, attention_mask))
+
+
+def _initialise_stage_two_after_load(module: "PALLE", incompatible_keys) -> None:
+    """Load-state-dict post hook: a stage-2 model given the weights of a stage-1 run (whose stage
+    two was never initialised) starts its stage two from its stage one. Resuming a stage-2 run or
+    loading a finished one finds the flag set and keeps the loaded stage two."""
+    if module.stage == 2 and not bool(module.stage_two_initialised):
+        module.init_stage_two_from_stage_one()
+
+
+# ----------------------------------------------------------------------------- the paradigm
+
+@register_paradigm
+class PALLE(Paradigm):
+    name = "palle"
+
+    def __init__(self, vocab, model, *, stage: int = 1, prompt_ratio: float = 0.3, span_ratio: float = 0.1,
+                 refine_mask_prob: float = 0.1, convnext_kernel: int = 7, convnext_ffn_ratio: float = 2.0,
+                 conv_pos_kernel: int = 7, conv_pos_groups: int = 16, **unknown: Any):
+        if unknown:
+            raise ValueError(f"PALLE: unknown options {sorted(unknown)}")
+        if stage not in (1, 2):
+            raise ValueError(f"PALLE stage must be 1 or 2, got {stage!r}")
+        if not (0.0 <= prompt_ratio and 0.0 < span_ratio and prompt_ratio + span_ratio < 1.0):
+            raise ValueError(f"need 0 <= prompt_ratio, 0 < span_ratio, prompt_ratio + span_ratio < 1; "
+                             f"got {prompt_ratio}, {span_ratio}")
+        if not 0.0 < refine_mask_prob <= 1.0:
+            raise ValueError(f"refine_mask_prob must be in (0, 1], got {refine_mask_prob}")
+        architecture = {"convnext_kernel": convnext_kernel, "convnext_ffn_ratio": convnext_ffn_ratio,
+                        "conv_pos_kernel": conv_pos_kernel, "conv_pos_groups": conv_pos_groups}
+        super().__init__(vocab, model, stage=stage, prompt_ratio=prompt_ratio, span_ratio=span_ratio,
+                         refine_mask_prob=refine_mask_prob, **architecture)
+        # The base class's single embed/backbone/head would be dead weights here (in the checkpoint,
+        # the parameter count and, without gradients, an error for DDP): each network has its own.
+        del self.embed, self.backbone, self.head
+        self.stage = int(stage)
+        self.prompt_ratio, self.span_ratio, self.refine_mask_prob = prompt_ratio, span_ratio, refine_mask_prob
+        self.stage_one = PalleNetwork(vocab.size, self.model_config, **architecture)
+        self.stage_two = PalleNetwork(vocab.size, self.model_config, **architecture)
+        # only the network of this stage trains; the engine's optimiser takes requires_grad params
+        self.network(3 - self.stage).requires_grad_(False)
+        self.register_buffer("stage_two_initialised", torch.tensor(False))
+        self.register_load_state_dict_post_hook(_initialise_stage_two_after_load)
+
+    def network(self, stage: int | None = None) -> PalleNetwork:
+        return self.stage_one if (stage or self.stage) == 1 else self.stage_two
+
+    @torch.no_grad()
+    def init_stage_two_from_stage_one(self) -> None:
+        """Stage two := stage one (in place, so an optimiser built before keeps its parameters)."""
+        self.stage_two.load_state_dict(self.stage_one.state_dict())
+        self.stage_two_initialised.fill_(True)
+
+    def sequence_length(self, utt: Utterance) -> int:
+        """Training sequence length for the engine's token budget: the speech length (the text is
+        fused along the feature dimension, not appended)."""
+        return utt.num_frames
+
+    # -- training
+    def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
+        T = utt.num_frames
+        speech = self.vocab.speech(utt.speech)
+        if self.stage == 1:
+            masked, scored, _ = span_mask(T, generator, self.prompt_ratio, self.span_ratio)
+        else:
+            masked = scored = refine_mask(T, generator, self.prompt_ratio, self.refine_mask_prob)
+        inputs = torch.where(masked, torch.tensor(MASK), speech)
+        targets = torch.where(scored, speech, torch.tensor(IGNORE))
+        return Example(inputs, torch.arange(T), targets, torch.ones(T, T, dtype=torch.bool),
+                       extras={"text_ids": padded_text(self.vocab, utt.text, T)})
+
+    def logits(self, input_ids, position_ids, attention_mask=None, cache=None, cond=None, *,
+               text_ids: torch.Tensor | None = None, stage: int | None = None) -> torch.Tensor:
+        """``[B, S]`` speech-stream ids and ``text_ids`` (the padded text stream) -> logits of the
+        network of ``stage`` (default: the one this model trains). Bidirectional, no cache."""
+        if text_ids is None:
+            raise ValueError("PALLE.logits needs text_ids, the padded text stream")
+        if cache is not None or cond is not None:
+            raise ValueError("PALLE has no KV cache and no conditioning vector")
+        if attention_mask is None:
+            B, S = input_ids.shape
+            attention_mask = torch.ones(B, S, S, dtype=torch.bool, device=input_ids.device)
+        return self.network(stage)(input_ids, text_ids, position_ids, attention_mask)
+
+    def forward(self, batch: Batch) -> LossOutput:
+        if self.stage == 2 and not bool(self.stage_two_initialised):
+            raise RuntimeError("PALLE stage 2 fine-tunes the stage-one model (palle.txt 5.1): start the run "
+                               "from a stage-1 run (train.init_from=<stage-1 run dir>)")
+        logits = self.logits(batch.input_ids, batch.position_ids, batch.attention_mask,
+                             text_ids=batch.extras["text_ids"])
+        return token_cross_entropy(logits, batch.targets)
+
+    # -- decoding
+    def _decoding_options(self, decoding: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(decoding) - set(DECODING)
+        if unknown:
+            raise ValueError(f"PALLE decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
+        opts = {**DECODING, **decoding}
+        if opts["refine_steps"] is None:
+            opts["refine_steps"] = REFINE_STEPS if self.stage == 2 else 0
+        if int(opts["refine_steps"]) < 0 or int(opts["steps"]) < 1:
+            raise ValueError(f"need steps >= 1 and refine_steps >= 0, got {opts['steps']}, {opts['refine_steps']}")
+        if opts["refine_steps"] > 0 and self.stage == 1:
+            raise ValueError("this is a stage-1 model: its stage two was never trained; decode with "
+                             "refine_steps=0 or use the stage-2 run")
+        if not opts["duration_multiplier"] > 0:
+            raise ValueError(f"duration_multiplier must be > 0, got {opts['duration_multiplier']}")
+        quantile_count(1, opts["gamma"])  # validates gamma
+        return opts
+
+    def _predict(self, network: PalleNetwork, speech: torch.Tensor, text: torch.Tensor, at: torch.Tensor,
+                 generator: torch.Generator, opts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of ``network`` over the whole sequence; sampled speech ids at frames ``at`` and
+        their confidence ``log P^max`` (Eq. 16). Sampling runs on the CPU, where the caller's
+        generator lives (the same draws on any device)."""
+        S = len(speech)
+        hidden = network.hidden(speech[None], text[None], torch.arange(S, device=speech.device)[None],
+                                torch.ones(1, S, S, dtype=torch.bool, device=speech.device))
+        logits = network.head(hidden[0, at.to(speech.device)]).float().cpu()
+        logits = restrict_logits(logits, self.vocab.is_speech(torch.arange(self.vocab.size)))
+        ids, _ = sample_tokens(logits, generator, temperature=float(opts["temperature"]), top_p=float(opts["top_p"]))
+        return ids, logits.log_softmax(-1).max(-1).values
+
+    @torch.no_grad()
+    def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        opts = self._decoding_options(decoding)
+        device = self.stage_one.head.weight.device
+        n_prompt, L_ref, L_gen = len(request.prompt_speech), len(request.prompt_text), len(request.text)
+        # T_gen: given (ground-truth duration) or the linear estimate of Eq. 11; times Fig. 5's multiplier
+        given = request.target_frames is not None
+        n_generate = int(request.target_frames) if given else total_frames_estimate(n_prompt, L_ref, L_gen)
+        n_generate = max(1, round(n_generate * float(opts["duration_multiplier"])))
+        # the padded text must fit (Eq. 13): at least one frame per text token, so no word is cut
+        fitted = max(n_generate, L_ref + L_gen - n_prompt)
+        text_fit = fitted > n_generate
+        n_generate = fitted
+        total = n_prompt + n_generate
+
+        # Eqs. 12-13: prompt codes then <mask>; prompt transcript + target text then <pad>
+        text = padded_text(self.vocab, torch.cat([request.prompt_text, request.text]), total).to(device)
+        speech = torch.cat([self.vocab.speech(request.prompt_speech),
+                            torch.full((n_generate,), MASK, dtype=torch.long)]).to(device)
+        confidence = torch.zeros(n_generate)  # log P^max of each frame when it was last predicted
+        passes_before = self.stage_one.passes + self.stage_two.passes
+
+        # stage one (Eq. 14): each pass predicts everything, keeps the left-most span of masked frames
+        start = n_prompt
+        spans = stage_one_spans(n_generate, int(opts["steps"]), opts["r"], total)
+        for span in spans:
+            at = torch.arange(start, start + span)
+            ids, conf = self._predict(self.stage_one, speech, text, at, generator, opts)
+            speech[at.to(device)] = ids.to(device)  # shared ids, sampled among the speech ids only
+            confidence[at - n_prompt] = conf
+            start += span
+
+        # stage two (Eqs. 15-16): re-mask the least confident gamma quantile of the generated frames,
+        # re-predict them, pin them (confidence 1 > any log-probability) so none is refined twice.
+        # Ranking uses the confidence each frame got when it was last predicted *from a masked
+        # input* (stage one's commit, then the refinement): under Eq. 10 the loss is on masked
+        # frames only, so a network's output at a visible frame is untrained and says nothing.
+        count = quantile_count(n_generate, float(opts["gamma"]))
+        refined = 0
+        for _ in range(int(opts["refine_steps"])):
+            n_open = int((confidence < PINNED).sum())
+            if n_open == 0:
+                break
+            chosen = lowest_confidence(confidence, min(count, n_open))
+            at = chosen + n_prompt
+            speech[at.to(device)] = MASK
+            ids, _ = self._predict(self.stage_two, speech, text, at, generator, opts)
+            speech[at.to(device)] = ids.to(device)
+            confidence[chosen] = PINNED
+            refined += len(chosen)
+
+        passes = self.stage_one.passes + self.stage_two.passes - passes_before
+        codes = self.vocab.speech_codes(speech[n_prompt:].cpu())
+        return Generation(codes, forward_passes=passes, first_packet_passes=None, info={
+            "target_frames": n_generate,
+            "length_from": "given" if given else "eq11",
+            "extended_to_fit_text": text_fit,
+            "stage_one_passes": len(spans),
+            "refine_passes": passes - len(spans),
+            "refined_frames": refined,
+        })
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(stage=self.stage,
+                    parameters_per_stage=sum(p.numel() for p in self.stage_one.parameters()),
+                    trainable_parameters=sum(p.numel() for p in self.parameters() if p.requires_grad))
+        return info

@@ -1,0 +1,415 @@
+"""DELTA-TTS (arnar/paradigms/delta.py, arnar/decode/delta_schedules.py): the conversion starts as
+the AR model, the shift and the Eq. 2 weighting against hand-worked examples, the Eq. 3 schedule
+against hand-worked counts, the length rule, trainable parts, and the decoding loop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from arnar.decode.delta_schedules import piece_weight, rule_based_frames, unmask_counts, unmasked_fraction
+from arnar.nn import ConformerConvModule, LoRALinear, Transformer, TransformerConfig
+from arnar.paradigms import build_paradigm
+from arnar.paradigms.base import (
+    EOS,
+    IGNORE,
+    MASK,
+    SOS,
+    TURN,
+    Example,
+    SynthesisRequest,
+    Utterance,
+    Vocab,
+    causal_mask,
+    collate,
+)
+from arnar.paradigms.delta import DeltaTTS, ar_from_cosyvoice_lm, convert_ar, delta_sequence
+
+TINY = {"dim": 32, "n_layers": 2, "n_heads": 4, "dropout": 0.0}
+VOCAB = Vocab(text_size=10, speech_size=12)  # text ids 8..17, speech ids 18..29
+M = MASK
+
+
+def utterance(text=(1, 2, 3), speech=(5, 6, 7, 8, 9)):
+    return Utterance("spk00_0000", "spk00", torch.tensor(text), torch.tensor(speech))
+
+
+def ar_model(seed=0):
+    torch.manual_seed(seed)
+    return build_paradigm("ar", VOCAB, TINY).eval()
+
+
+def converted(seed=0, **options):
+    return convert_ar(ar_model(seed), **options).eval()
+
+
+def request(text=(1, 2), prompt_text=(3,), prompt_speech=(4, 5, 6), target_frames=None):
+    return SynthesisRequest(torch.tensor(text), torch.tensor(prompt_text), torch.tensor(prompt_speech),
+                            target_frames=target_frames)
+
+
+# ----------------------------------------------------------------------------- conversion
+
+def test_converted_model_starts_as_the_ar_model():
+    ar = ar_model()
+    delta = convert_ar(ar).eval()
+    ids = ar.training_example(utterance(), torch.Generator().manual_seed(0)).input_ids[None]
+    positions = torch.arange(ids.shape[1])
+    with torch.no_grad():
+        expected = ar.logits(ids, positions)  # the AR model's own causal path
+        got = delta.logits(ids, positions, causal_mask(ids.shape[1]))
+        bidirectional = delta.logits(ids, positions)  # delta's default mask
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
+    # the mask switch is real: without the causal mask the same weights give other logits
+    assert not torch.allclose(bidirectional, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("part", ["lora", "conv"])
+def test_lora_and_conv_branches_are_in_the_forward_path(part):
+    """Zero-initialised branches keep the AR function; once non-zero they change it."""
+    delta = converted()
+    ids = delta_sequence(VOCAB, torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([4, 5]),
+                         torch.tensor([True, False]))[None]
+    positions = torch.arange(ids.shape[1])
+    with torch.no_grad():
+        before = delta.logits(ids, positions)
+        if part == "lora":
+            delta.backbone.layers[1].mlp.down_proj.lora_B.fill_(0.1)
+        else:
+            delta.conv_modules[0].pointwise_out.weight.fill_(0.1)
+        after = delta.logits(ids, positions)
+    assert not torch.allclose(before, after, atol=1e-4)
+
+
+def test_mask_token_is_the_mean_speech_embedding_and_replaces_the_mask_row():
+    ar = ar_model()
+    delta = convert_ar(ar)
+    mean = ar.embed.weight[VOCAB.speech_offset:].mean(0)
+    assert torch.allclose(delta.mask_embedding, mean, atol=1e-7)
+    assert not torch.allclose(mean, ar.embed.weight[MASK])  # so the next check can fail
+    embedded = delta.embed_tokens(torch.tensor([[SOS, MASK, VOCAB.speech_offset]]))[0]
+    assert torch.equal(embedded[1], delta.mask_embedding)
+    assert torch.equal(embedded[0], ar.embed.weight[SOS]) and torch.equal(embedded[2], ar.embed.weight[18])
+
+
+def test_only_lora_conv_and_mask_train_by_default():
+    delta = converted()
+    trainable = {n for n, p in delta.named_parameters() if p.requires_grad}
+    frozen = {n for n, p in delta.named_parameters() if not p.requires_grad}
+    assert trainable and all(".lora_" in n or n.startswith("conv_modules.") or n == "mask_embedding" for n in trainable)
+    assert "mask_embedding" in trainable and any(n.startswith("conv_modules.") for n in trainable)
+    assert {"embed.weight", "head.weight", "backbone.norm.weight", "backbone.layers.0.attn.q_proj.base.weight"} <= frozen
+    # LoRA on all seven projections of every block
+    wrapped = [n for n, m in delta.named_modules() if isinstance(m, LoRALinear)]
+    assert len(wrapped) == 7 * TINY["n_layers"]
+    assert {n.rsplit(".", 1)[1] for n in wrapped} == {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                      "gate_proj", "up_proj", "down_proj"}
+    assert sum(isinstance(m, ConformerConvModule) for m in delta.modules()) == TINY["n_layers"]
+    # gradients reach the trainable parts only
+    delta.train()
+    batch = collate([delta.training_example(utterance(), torch.Generator().manual_seed(s)) for s in range(4)])
+    delta(batch).loss_sum.backward()
+    assert all(p.grad is None for n, p in delta.named_parameters() if n in frozen)
+    assert delta.backbone.layers[0].attn.q_proj.lora_B.grad.abs().sum() > 0
+    assert delta.conv_modules[1].pointwise_out.weight.grad.abs().sum() > 0
+
+
+def test_full_unfreeze_trains_everything():
+    delta = converted(unfreeze=True)
+    assert all(p.requires_grad for p in delta.parameters())
+    no_lora = converted(unfreeze=True, lora_rank=0)
+    assert all(p.requires_grad for p in no_lora.parameters())
+    assert not any(isinstance(m, LoRALinear) for m in no_lora.modules())
+
+
+def test_lora_rank_raised_to_the_conv_budget():
+    # per block, dim 32 / kernel 15 / LayerNorm: conv = 64 + (32*64+64) + (32*15+32) + 64 + (32*32+32) = 3808;
+    # LoRA per rank unit = q,o 2*(32+32) + k,v 2*(32+32) + gate,up,down 3*(32+128) = 736 (ffn 128 = 8/3*32 up to 64)
+    delta = converted(conv=False, match_conv_budget=True)
+    assert delta.lora_rank == 16 + math.ceil(3808 / 736) == 22
+    with_conv = converted()
+    count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
+    assert abs(count(delta) - count(with_conv)) <= 736 * TINY["n_layers"]  # within one rank unit per block
+    with pytest.raises(ValueError, match="instead of"):
+        converted(conv=True, match_conv_budget=True)
+
+
+def test_ar_run_option_loads_the_ar_final_checkpoint(tmp_path):
+    from arnar.train import FINAL_FORMAT
+
+    ar = ar_model(seed=3)
+    torch.save({"format": FINAL_FORMAT, "paradigm": "ar", "vocab": VOCAB.to_dict(), "step": 1,
+                "config": {"model": TINY, "paradigm": {"name": "ar", "options": {}}}, "model": ar.state_dict()},
+               tmp_path / "final.pt")
+    delta = build_paradigm("delta", VOCAB, TINY, ar_run=str(tmp_path)).eval()
+    assert torch.equal(delta.backbone.layers[1].attn.v_proj.base.weight, ar.backbone.layers[1].attn.v_proj.weight)
+    assert torch.equal(delta.head.weight, ar.head.weight)
+    assert torch.allclose(delta.mask_embedding, ar.embed.weight[VOCAB.speech_offset:].mean(0))
+    with pytest.raises(ValueError, match="backbone config differs"):
+        build_paradigm("delta", VOCAB, {**TINY, "n_heads": 2}, ar_run=str(tmp_path))
+
+
+def test_unknown_option_is_an_error():
+    with pytest.raises(ValueError, match="unknown options"):
+        build_paradigm("delta", VOCAB, TINY, lora_rnk=4)
+
+
+# ----------------------------------------------------------------------------- training example, shift, Eq. 2
+
+def test_shift_targets_hand_worked_without_prompt():
+    delta = converted(prompt_max=0.0, t_min=1.0)  # t = 1: every target token masked
+    ex = delta.training_example(utterance(), torch.Generator().manual_seed(0))
+    # <sos> t1 t2 t3 <turn> M M M M M <eos>; the output at i predicts the token at i + 1
+    assert ex.input_ids.tolist() == [SOS, 9, 10, 11, TURN, M, M, M, M, M, EOS]
+    assert ex.targets.tolist() == [IGNORE] * 4 + [23, 24, 25, 26, 27] + [IGNORE] * 2
+    assert ex.position_ids.tolist() == list(range(11))
+    assert ex.attention_mask.all()  # bidirectional
+    assert float(ex.extras["t"]) == 1.0 and int(ex.extras["n_target"]) == 5
+
+
+def test_shift_targets_hand_worked_with_prompt():
+    delta = converted(prompt_max=0.9, t_min=1.0)
+    for seed in range(100):  # the first seed that draws a 2-frame prompt
+        ex = delta.training_example(utterance(), torch.Generator().manual_seed(seed))
+        if int(VOCAB.is_speech(ex.input_ids).sum()) == 2:
+            break
+    # prompt c5 c6 stays visible; the last prompt token's output predicts the first target (c7)
+    assert ex.input_ids.tolist() == [SOS, 9, 10, 11, TURN, 23, 24, M, M, M, EOS]
+    assert ex.targets.tolist() == [IGNORE] * 6 + [25, 26, 27] + [IGNORE] * 2
+    assert int(ex.extras["n_target"]) == 3
+
+
+def test_masking_only_touches_the_target_and_scores_only_masked_tokens():
+    delta = converted(prompt_max=0.4, t_min=0.02)
+    utt = utterance(speech=tuple(range(12)) * 3)
+    for seed in range(20):
+        ex = delta.training_example(utt, torch.Generator().manual_seed(seed))
+        n_target = int(ex.extras["n_target"])
+        start = len(ex.input_ids) - 1 - n_target
+        assert not (ex.input_ids[:start] == MASK).any() and ex.input_ids[-1] == EOS
+        masked = ex.input_ids[start:-1] == MASK
+        scored = ex.targets[start - 1:-2] != IGNORE
+        assert torch.equal(masked, scored) and (ex.targets != IGNORE).sum() == masked.sum()
+        assert torch.equal(ex.targets[start - 1:-2][scored], VOCAB.speech(utt.speech[-n_target:])[masked])
+
+
+def test_loss_is_masked_cross_entropy_weighted_by_inverse_t():
+    delta = converted()
+    text = torch.tensor([1, 2])
+    # example a: no prompt, target (3, 4, 5, 6, 7), t = 0.25, masked at 1 and 3
+    masked_a = torch.tensor([False, True, False, True, False])
+    ids_a = delta_sequence(VOCAB, text, torch.tensor([], dtype=torch.long), torch.tensor([3, 4, 5, 6, 7]), masked_a)
+    targets_a = torch.full_like(ids_a, IGNORE)
+    targets_a[4], targets_a[6] = VOCAB.speech(torch.tensor(4)), VOCAB.speech(torch.tensor(6))  # outputs at j-1
+    # example b: prompt (1,), target (8, 9, 10), t = 0.5, masked at 0
+    masked_b = torch.tensor([True, False, False])
+    ids_b = delta_sequence(VOCAB, text, torch.tensor([1]), torch.tensor([8, 9, 10]), masked_b)
+    targets_b = torch.full_like(ids_b, IGNORE)
+    targets_b[4] = VOCAB.speech(torch.tensor(8))  # the prompt token's output predicts target 0
+    examples = [
+        Example(ids_a, torch.arange(len(ids_a)), targets_a, torch.ones(len(ids_a), len(ids_a), dtype=torch.bool),
+                {"t": torch.tensor(0.25), "n_target": torch.tensor(5)}),
+        Example(ids_b, torch.arange(len(ids_b)), targets_b, torch.ones(len(ids_b), len(ids_b), dtype=torch.bool),
+                {"t": torch.tensor(0.5), "n_target": torch.tensor(3)}),
+    ]
+    out = delta(collate(examples))
+
+    def nll(ids, position, code):  # -log p(code) over the speech codes, from the full-vocab logits
+        with torch.no_grad():
+            logits = delta.logits(ids[None], torch.arange(len(ids)))[0, position, VOCAB.speech_offset:]
+        return -torch.log_softmax(logits, -1)[code]
+
+    expected = (nll(ids_a, 4, 4) + nll(ids_a, 6, 6)) / 0.25 + nll(ids_b, 4, 8) / 0.5
+    assert torch.allclose(out.loss_sum, expected, atol=1e-5)
+    assert int(out.n_targets) == 8  # all target tokens, masked or not
+    assert int(out.metrics["masked"]) == 3
+
+
+def test_a_few_steps_fit_one_batch_with_the_backbone_frozen():
+    ar = ar_model()
+    with torch.no_grad():  # a trained AR head has long rows; the random one's bound the logits to about +-0.6
+        ar.head.weight.mul_(30)
+    delta = convert_ar(ar).train()
+    batch = collate([delta.training_example(utterance(speech=tuple(range(12)) * 2), torch.Generator().manual_seed(s))
+                     for s in range(4)])
+    optimizer = torch.optim.AdamW([p for p in delta.parameters() if p.requires_grad], lr=1e-2)
+    losses, accuracy = [], []
+    for _ in range(20):
+        optimizer.zero_grad()
+        out = delta(batch)
+        (out.loss_sum / out.n_targets).backward()
+        optimizer.step()
+        losses.append(float(out.loss_sum.detach() / out.n_targets))
+        accuracy.append(float(out.metrics["correct"] / out.metrics["masked"]))
+    assert losses[-1] < 0.1 * losses[0] and accuracy[0] < 0.5 and accuracy[-1] == 1.0
+
+
+# ----------------------------------------------------------------------------- Eq. 3 schedule
+
+@pytest.mark.parametrize("length,steps,mu,expected", [
+    # mu = 0.3: c_n L = 3nL / (10T - 7n); L=20, T=4 -> floor(60/33, 120/26, 180/19, 240/12) = 1, 4, 9, 20
+    (20, 4, 0.3, [1, 3, 5, 11]),
+    # L=10, T=8 -> floor(30n / (80 - 7n)) = 0, 0, 1, 2, 3, 4, 6, 10
+    (10, 8, 0.3, [0, 0, 1, 1, 1, 1, 2, 4]),
+    # mu = 1 is uniform: floor(n L / T); L=10, T=4 -> 2, 5, 7, 10
+    (10, 4, 1.0, [2, 3, 2, 3]),
+    (7, 7, 1.0, [1] * 7),
+])
+def test_unmask_counts_hand_worked(length, steps, mu, expected):
+    assert unmask_counts(length, steps, mu) == expected
+
+
+def test_unmask_counts_always_sum_to_the_length():
+    for mu in (0.3, 1.0, 0.1, 1 / 3, 0.7, 2.5):
+        for steps in (1, 3, 4, 8, 16, 32):
+            for length in (0, 1, 2, 5, 17, 50, 123):
+                counts = unmask_counts(length, steps, mu)
+                assert len(counts) == steps and sum(counts) == length and min(counts) >= 0
+    assert unmasked_fraction(16, 16, 0.3) == 1 and unmasked_fraction(0, 16, 0.3) == 0
+    # mu < 1 defers decisions: the second half of the steps commits most of the tokens
+    assert sum(unmask_counts(100, 16, 0.3)[8:]) > 70
+    with pytest.raises(ValueError):
+        unmask_counts(10, 4, 0.0)
+
+
+# ----------------------------------------------------------------------------- length
+
+def test_piece_weights_hand_worked():
+    assert piece_weight("\u2581He", 0.3, 0.5) == pytest.approx(2.3)
+    assert piece_weight(",", 0.3, 0.5) == 0.5 and piece_weight("ld", 0.3, 0.5) == 2.0
+    assert piece_weight("<0x33>", 0.3, 0.5) == 1.0  # byte '3'
+    assert piece_weight("<0xC3>", 0.3, 0.5) == 1.0 and piece_weight("<0xA9>", 0.3, 0.5) == 0.0  # 'é' counts once
+    assert piece_weight("<s>", control=True) == 0.0
+    assert rule_based_frames(30, 7.5, 5.0) == 20
+
+
+def test_rule_based_length_from_pieces_and_from_bpe_count():
+    delta = converted()
+    pieces = ["\u2581a", "b", ",", "\u2581cd", "e", ".", "<0x41>", "f", "\u2581", "g"]
+    # prompt "▁a b ," = 1.3 + 1 + 0.5 = 2.8; target "▁cd e ." = 2.3 + 1 + 0.5 = 3.8; 14 prompt frames
+    req = request(text=(3, 4, 5), prompt_text=(0, 1, 2), prompt_speech=tuple(i % 12 for i in range(14)))
+    assert delta.generate(req, torch.Generator().manual_seed(0), steps=2).info["length_from"] == "rule_bpe_count"
+    out = delta.generate(req, torch.Generator().manual_seed(0), steps=2)
+    assert len(out.speech) == 14  # 14 / 3 ids * 3 ids (palle Eq. 11 without the pieces)
+    delta.text_pieces = [(p, False) for p in pieces]
+    out = delta.generate(req, torch.Generator().manual_seed(0), steps=2)
+    assert out.info["length_from"] == "rule_characters" and len(out.speech) == round(14 / 2.8 * 3.8) == 19
+    # the ground-truth length wins when given (auto), unless the rule is asked for
+    given = request(text=(3, 4, 5), prompt_text=(0, 1, 2), prompt_speech=tuple(i % 12 for i in range(14)), target_frames=9)
+    assert len(delta.generate(given, torch.Generator().manual_seed(0), steps=2).speech) == 9
+    assert len(delta.generate(given, torch.Generator().manual_seed(0), steps=2, length="rule").speech) == 19
+    with pytest.raises(ValueError, match="target_frames"):
+        delta.generate(req, torch.Generator().manual_seed(0), length="given")
+
+
+# ----------------------------------------------------------------------------- decoding
+
+def test_decoding_commits_everything_in_exactly_T_passes():
+    delta = converted()
+    calls = []
+    delta.backbone.norm.register_forward_hook(lambda *_: calls.append(1))  # once per backbone pass
+    for steps in (4, 8):
+        calls.clear()
+        out = delta.generate(request(target_frames=40), torch.Generator().manual_seed(1), steps=steps)
+        assert min(unmask_counts(40, steps, 0.3)) > 0  # every step commits something
+        assert out.forward_passes == len(calls) == steps
+        assert len(out.speech) == 40 and ((out.speech >= 0) & (out.speech < VOCAB.speech_size)).all()
+    # a step with k_n = 0 runs no pass: L=10, T=8, mu=0.3 -> 0, 0, 1, 1, 1, 1, 2, 4
+    calls.clear()
+    out = delta.generate(request(target_frames=10), torch.Generator().manual_seed(1), steps=8)
+    assert out.forward_passes == len(calls) == 6 and len(out.speech) == 10
+    # same seed, same tokens
+    again = delta.generate(request(target_frames=10), torch.Generator().manual_seed(1), steps=8)
+    assert torch.equal(out.speech, again.speech)
+
+
+def test_decoding_reads_the_shifted_output_and_commits_the_most_confident_first(monkeypatch):
+    """A stand-in network whose output at sequence index j is sure of code j % 12, more sure the
+    larger j: target i must come from index start-1+i, and the last positions commit first."""
+    delta = converted()
+    seen_masks = []
+
+    def hidden_states(input_ids, position_ids, attention_mask=None):
+        delta.backbone_calls += 1
+        seen_masks.append((input_ids[0] == MASK).tolist())
+        S = input_ids.shape[1]
+        return torch.arange(S, dtype=torch.float32)[None, :, None].expand(1, S, VOCAB.speech_size)
+
+    def speech_logits(hidden):
+        index = hidden[..., 0]
+        return (torch.nn.functional.one_hot(index.long() % VOCAB.speech_size, VOCAB.speech_size).float()
+                * (5.0 + index[..., None]))
+
+    monkeypatch.setattr(delta, "hidden_states", hidden_states)
+    monkeypatch.setattr(delta, "speech_logits", speech_logits)
+    req = request(text=(1, 2), prompt_text=(3,), prompt_speech=(4, 5, 6), target_frames=6)
+    out = delta.generate(req, torch.Generator().manual_seed(0), steps=3, schedule="uniform", temperature=0)
+    start = 1 + 3 + 1 + 3  # <sos> 3 text <turn> 3 prompt
+    assert out.speech.tolist() == [(start - 1 + i) % 12 for i in range(6)]
+    assert out.info["mu"] == 1.0 and out.forward_passes == 3
+    # uniform: 2 per step, the most confident (latest) positions first
+    targets = [mask[start:start + 6] for mask in seen_masks]
+    assert targets == [[True] * 6, [True] * 4 + [False] * 2, [True] * 2 + [False] * 4]
+
+
+def test_unknown_decoding_option_is_an_error():
+    with pytest.raises(ValueError, match="unknown options"):
+        converted().generate(request(target_frames=4), torch.Generator(), stepz=4)
+
+
+# ----------------------------------------------------------------------------- paper-scale mapping
+
+HF_NAMES = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight",
+            **{f"attn.{p}.{w}": f"self_attn.{p}.{w}" for p in ("q_proj", "k_proj", "v_proj") for w in ("weight", "bias")},
+            "attn.o_proj.weight": "self_attn.o_proj.weight",
+            **{f"mlp.{p}.weight": f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}}
+QWEN = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+        "intermediate_size": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu"}
+
+
+def cosyvoice_lm(version, speech_size=5, text_size=10):
+    """A random CosyVoice-shaped LM state dict (keys as in llm.pt) and its backbone."""
+    torch.manual_seed(7)
+    backbone = Transformer(TransformerConfig(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64, qkv_bias=True))
+    state = {"llm.model.model.norm.weight": backbone.norm.weight.detach(),
+             "llm.model.model.embed_tokens.weight": torch.randn(text_size, 32)}
+    for ours, hf in HF_NAMES.items():
+        state[f"llm.model.model.layers.0.{hf}"] = backbone.state_dict()[f"layers.0.{ours}"]
+    extra = 3 if version == 2 else 200
+    state["speech_embedding.weight"] = torch.randn(speech_size + extra, 32)
+    state["llm_decoder.weight"] = torch.randn(speech_size + extra, 32)
+    if version == 2:
+        state["llm_embedding.weight"] = torch.randn(2, 32)
+        state["llm_decoder.bias"] = torch.randn(speech_size + extra)
+    return state, backbone.eval()
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_cosyvoice_lm_maps_onto_the_ar_layout(version):
+    S = 5
+    state, backbone = cosyvoice_lm(version, S)
+    if version == 2:
+        with pytest.raises(ValueError, match="bias"):
+            ar_from_cosyvoice_lm(state, QWEN, version=2, speech_size=S)
+    ar = ar_from_cosyvoice_lm(state, QWEN, version=version, speech_size=S, drop_head_bias=True).eval()
+    text, codes = torch.tensor([0, 4, 9]), torch.tensor([2, 0, 4])
+    # CosyVoice's own input: sos, Qwen2 text embeddings, task id, speech embeddings
+    speech_table = state["speech_embedding.weight"]
+    if version == 2:
+        sos, task = state["llm_embedding.weight"]
+        eos = S
+    else:
+        sos, task, eos = speech_table[S], speech_table[S + 2], S + 1
+    inputs = torch.cat([sos[None], state["llm.model.model.embed_tokens.weight"][text], task[None], speech_table[codes]])
+    with torch.no_grad():
+        hidden = backbone(inputs[None], torch.arange(len(inputs)))
+        expected = hidden @ state["llm_decoder.weight"].T  # [1, 8, S + extra] (bias dropped)
+        ids = torch.cat([torch.tensor([SOS]), ar.vocab.text(text), torch.tensor([TURN]), ar.vocab.speech(codes)])
+        got = ar.logits(ids[None], torch.arange(len(ids)))
+    assert torch.allclose(got[..., ar.vocab.speech_offset:], expected[..., :S], atol=1e-5)
+    assert torch.allclose(got[..., EOS], expected[..., eos], atol=1e-5)
+    assert torch.equal(ar.embed.weight[EOS], speech_table[eos])
+    delta = convert_ar(ar)  # and it converts
+    assert torch.allclose(delta.mask_embedding, speech_table[:S].mean(0), atol=1e-6)
