@@ -442,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_synthesize)
 
     # `arnar train ...` is dispatched to arnar.train.main before this parser (see main); listed for --help
+    sub.add_parser("stream", help="SyncSpeech: speak text as it arrives, audio chunks as they are ready"
+                   " (see arnar stream --help)")
+    sub.add_parser("cod-features", help="Chain-of-Details inputs: phonemes and speaker embeddings per utterance"
+                   " (see arnar cod-features --help)")
     sub.add_parser("train", help="train a paradigm: arnar train --run-dir R --tokens T --durations D --bpe B"
                    " -- paradigm=ar model=small train=mini (see arnar train --help)")
 
@@ -531,6 +535,14 @@ def main(argv: list[str] | None = None) -> int:
         from arnar.train import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["stream"]:  # SyncSpeech streaming synthesis (arnar.stream)
+        from arnar.stream import main as stream_main
+
+        return stream_main(argv[1:])
+    if argv[:1] == ["cod-features"]:  # Chain-of-Details inputs (arnar.data.cod_features)
+        from arnar.data.cod_features import main as cod_features_main
+
+        return cod_features_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

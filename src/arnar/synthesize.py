@@ -31,6 +31,8 @@ import torch
 from arnar.paradigms.base import SynthesisRequest
 
 log = logging.getLogger("arnar.synthesize")
+# codecs whose tokens are a residual stack: single-stream paradigms (CoD) model its first quantizer
+MULTI_CODEBOOK = {"offline_rvq", "dac"}
 
 
 def item_seed(seed: int, item_id: str) -> int:
@@ -59,7 +61,10 @@ class Synthesizer:
         self.model, self.config = load_model(self.run_dir, checkpoint=checkpoint)
         self.model.to(device).eval()
         self.device = device
-        self.codec = load_codec(codec, **({"model": codec_model} if codec_model else {}))
+        options = {"model": codec_model} if codec_model else {}
+        if codec in MULTI_CODEBOOK:  # the paradigms generate the first quantizer; decode from it alone
+            options["n_codebooks"] = 1
+        self.codec = load_codec(codec, **options)
         self.bpe = BpeTokenizer.load(bpe_model)
         self.decoding = dict(decoding or {})
         if self.codec.codebook_size != self.model.vocab.speech_size:

@@ -449,17 +449,21 @@ def _check_vocab(utterances: Sequence[Utterance], vocab: Vocab, source: str) -> 
         raise TrainDataError(f"{source}: speech code {speech_max} outside the codebook size {vocab.speech_size}")
 
 
+class IncompatibleCheckpoint(TrainError):
+    """A run folder's checkpoint was made with another model, data, vocabulary or token set."""
+
+
 def _check_compatible(saved: dict[str, Any], cfg: DictConfig, vocab: Vocab, codec_hash: str | None, path: Path,
                       warn: bool = True) -> None:
     current = OmegaConf.to_container(cfg, resolve=True)
     for section in ("paradigm", "model", "data"):
         if saved["config"].get(section) != current.get(section):
-            raise TrainError(f"{path}: checkpoint of a different {section} config ({saved['config'].get(section)} "
+            raise IncompatibleCheckpoint(f"{path}: checkpoint of a different {section} config ({saved['config'].get(section)} "
                              f"vs {current.get(section)}); use another run dir or --no-resume")
     if saved["vocab"] != vocab.to_dict():
-        raise TrainError(f"{path}: checkpoint vocabulary {saved['vocab']} differs from the data's {vocab.to_dict()}")
+        raise IncompatibleCheckpoint(f"{path}: checkpoint vocabulary {saved['vocab']} differs from the data's {vocab.to_dict()}")
     if saved.get("codec_hash") != codec_hash:
-        raise TrainError(f"{path}: checkpoint trained on tokens of codec {saved.get('codec_hash')}, these tokens are "
+        raise IncompatibleCheckpoint(f"{path}: checkpoint trained on tokens of codec {saved.get('codec_hash')}, these tokens are "
                          f"from codec {codec_hash}; use another run dir or --no-resume")
     changed = sorted(k for k in set(saved["config"]["train"]) | set(current["train"])
                      if saved["config"]["train"].get(k) != current["train"].get(k))
@@ -542,11 +546,11 @@ def train(
     bpe_model: str | os.PathLike,
     dev_tokens: str | os.PathLike | None = None,
     dev_durations: str | os.PathLike | None = None,
-    resume: bool = True,
+    resume: bool | str = True,
     stop_after_steps: int | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg.paradigm`` on a token split + its BPE durations; returns the summary (also in
-    ``run_dir/train_summary.json``). ``resume``: continue from ``run_dir/checkpoints/last.pt`` if
+    ``run_dir/train_summary.json``). ``resume``: continue from ``run_dir/checkpoints/last.pt`` ("if-compatible": only a checkpoint of the same model, data and tokens, else start afresh) if
     there is one. ``stop_after_steps``: checkpoint and return once this many updates are done,
     as an interrupted run would (time-sliced jobs, tests); ``final.pt`` is written only when
     ``train.max_steps`` is reached."""
@@ -563,7 +567,7 @@ def train(
 
 
 def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_durations, bpe_model, dev_tokens,
-           dev_durations, resume: bool, stop_after_steps: int | None) -> dict[str, Any]:
+           dev_durations, resume: bool | str, stop_after_steps: int | None) -> dict[str, Any]:
     started = time.time()
     if (dev_tokens is None) != (dev_durations is None):
         raise TrainError("give both dev tokens and dev durations, or neither")
@@ -615,7 +619,14 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
     last_path = run_dir / "checkpoints" / "last.pt"
     state = Progress()
     if resume and last_path.is_file():
-        state = _restore(last_path, paradigm, optimizer, cfg, vocab, codec_hash, ctx)
+        try:
+            state = _restore(last_path, paradigm, optimizer, cfg, vocab, codec_hash, ctx)
+        except IncompatibleCheckpoint as err:
+            if resume != "if-compatible":
+                raise
+            # the DAG reruns a run when its config changed: that is a new run, not a resumption
+            log.warning("%s: starting this run afresh", str(err).split("; use another run dir")[0])
+            state = Progress()
         if not dev:
             state.dev_loss = None  # a dev loss of this run's dev set only
     if state.step == 0 and tc.get("init_from"):
@@ -784,6 +795,9 @@ def build_parser(prog: str = "arnar train") -> argparse.ArgumentParser:
     parser.add_argument("--dev-tokens", help="token split folder of the dev set")
     parser.add_argument("--dev-durations", help="BPE durations JSONL of the dev set")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if run-dir has a checkpoint")
+    parser.add_argument("--resume-if-compatible", action="store_true",
+                        help="resume only a checkpoint of the same model, data and tokens; otherwise start afresh "
+                             "(the DAG's setting: a rerun with another config is a new run)")
     parser.add_argument("--stop-after", type=int, help="checkpoint and stop after this many updates")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     parser.add_argument("--summary", help="also write the training summary JSON here")
@@ -821,7 +835,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         summary = train(cfg, run_dir=args.run_dir, train_tokens=args.tokens, train_durations=args.durations,
                         bpe_model=args.bpe, dev_tokens=args.dev_tokens, dev_durations=args.dev_durations,
-                        resume=not args.no_resume, stop_after_steps=args.stop_after)
+                        resume=(False if args.no_resume else "if-compatible" if args.resume_if_compatible else True),
+                        stop_after_steps=args.stop_after)
         if args.summary and os.environ.get("RANK", "0") == "0":
             _atomic_write_text(Path(args.summary), json.dumps(summary, indent=2) + "\n")
     except _user_errors() as err:

@@ -30,7 +30,7 @@ rule report:
         systems=" ".join(SYSTEMS),
         samples=EVAL["report_samples"],
         out_dir=lambda wildcards, output: os.path.dirname(output.html),
-        train_dir=f"{RESULTS}/train",
+        train_dir=lambda wildcards, input: f"--train-dir {os.path.dirname(input.training[0])}" if input.training else "",
     log:
         f"{LOGS}/report.log",
     conda:
@@ -39,4 +39,4 @@ rule report:
         "arnar report --eval-dir {params.eval_dir} --testlists {params.testlists}"
         " --prompts {params.prompts} --systems-dir {params.systems_dir} --systems {params.systems}"
         " --samples {params.samples} --profile {params.profile} --out-dir {params.out_dir}"
-        " --train-dir {params.train_dir} 2> {log}"
+        " {params.train_dir} 2> {log}"

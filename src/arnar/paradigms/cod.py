@@ -1,0 +1,550 @@
+"""Chain-of-Details (CoD): temporal coarse-to-fine masked generation (chain_of_details.txt III-IV).
+
+Speech is generated in ``L`` temporal levels (option ``levels``; L = 3 in the paper, 1 and 2 are the
+Table IV ablation), coarse to fine. Level ``l`` is the first quantizer's token sequence decimated by
+``2 ** (L - l)`` (:mod:`arnar.codec.hierarchy`: keep the first token of every group); with the
+offline codec's 50 Hz ``offline_rvq`` stream and L = 3 that is 12.5 / 25 / 50 Hz. One shared
+bidirectional decoder (the shared backbone with an all-True mask) predicts every level with MaskGIT
+masked token modelling (Eq. 1): level 1 from the transcript C, level ``l > 1`` from C and level
+``l - 1``.
+
+What is generated, and the rest of the codec stack. The finest level *is* the first quantizer's
+full-rate sequence, so ``Generation.speech`` is the first-quantizer codes ``[T]``. The other seven
+codebooks of ``offline_rvq`` are not generated (DESIGN.md section 6): the codec decoder decodes from
+the first quantizer alone, since the residual stack is trained so that any prefix of it decodes
+(``load_codec("offline_rvq", model=..., n_codebooks=1)``). The paper predicts only the first DAC
+quantizer too and does not say how the other eight are obtained; an acoustic stage would add cost
+that no other paradigm here pays.
+
+Sequence layout of one training example (or one decoding pass at level ``l``)::
+
+    position   0 .. P-1                         P .. P+N_l-1
+    input      phoneme p_i                      x^l_j or <mask>   (+ x^{l-1} upsampled, l > 1)
+               + level embedding                + level embedding
+
+* **Phonemes as a prefix** (Fig. 2: "the phonetic indices are concatenated with a sequence of fully
+  masked audio tokens"), embedded with their own table (``n_phonemes`` ids: the shared vocabulary
+  holds BPE ids, not phonemes). The per-position extra ``phonemes`` carries ``id + 1`` at the prefix
+  and 0 elsewhere.
+* **The previous level is summed into the speech positions**, not given positions of its own:
+  level ``l - 1`` stretched to level ``l``'s length (:func:`arnar.codec.hierarchy.upsample`, frame
+  ``j`` gets coarse token ``j // 2``) so that position ``j`` sees the coarse token covering the same
+  time. The paper does not say how ``X_{l-1}`` enters; summing keeps the sequence at ``P + N_l``
+  instead of ``P + N_{l-1} + N_l`` and hands the model the time alignment for free. The previous
+  level has its own embedding table (``speech_size + 1`` rows, row 0 = "no previous level" is fixed
+  at zero); per-position extra ``previous`` = ``code + 1`` or 0.
+* **Level embedding** added at every position, so the shared decoder knows the token rate.
+* **Speaker**: adaptive LayerNorm (paper IV-A, DiT-style) from the speaker embedding of the
+  utterance (a ``speaker_dim`` vector, per-sequence extra ``speaker``), projected by a linear layer to
+  the backbone's ``cond_dim``. CoD needs adaLN, so when the engine's model config has
+  ``cond_dim: 0`` (model/tiny, small, paper) the paradigm builds its backbone with
+  ``cond_dim = dim``; a non-zero ``cond_dim`` is kept.
+* Positions: one running range ``0 .. P + N_l - 1`` (RoPE), as the NAR baseline.
+
+Prompting. The paper conditions on the voice only through the speaker embedding. For the
+continuation / cross-sentence protocol shared by all paradigms here (option ``speech_prompt``, on by
+default) the prompt's tokens, decimated to each level, are also an unmasked prefix of the speech
+positions, and the phonemes cover prompt transcript + text, as in the NAR baseline: training keeps
+a random prefix (up to ``prompt_max`` of the utterance) unmasked and unscored. Prefix lengths are
+multiples of ``F = 2 ** (L - 1)`` frames, so that every level of "prompt + continuation" is exactly
+"decimated prompt + decimated continuation" (decimating a concatenation is not the concatenation
+of the decimations when the first part's length is not a multiple of the factor); at inference the
+first ``T_p mod F`` prompt frames (under 80 ms at 50 Hz) are dropped for the same reason. With
+``speech_prompt: false`` the model is the paper's: text phonemes only, voice from the embedding.
+
+Training (III-B, IV-B), one example:
+
+1. level ``l ~ Categorical(level_probs)``, biased to fine levels ([0.2, 0.3, 0.5] for L = 3);
+2. MaskGIT masking of the non-prompt tokens of level ``l``: ``u ~ U(0, 1)``,
+   ``ceil(cos(pi u / 2) * n)`` random positions become ``<mask>`` (at least one); loss on them only;
+3. 10 % (``previous_noise``) of the previous level's conditioning tokens are replaced by random
+   codes (each position independently);
+4. 10 % of the examples (``condition_dropout``) drop the condition for classifier-free guidance:
+   every phoneme embedding and every previous-level embedding is replaced by a learnable null
+   embedding (``null_phoneme``, ``null_previous``); the speaker embedding is kept (the paper drops
+   "transcript and previous coarse level conditionings" only). The sequence keeps its length, so
+   the conditional and unconditional passes of a decoding step share one batch.
+
+All levels of an utterance are never in one example: each example trains one level, which is how
+the paper trains "all temporal coarse levels simultaneously".
+
+Duration predictor (IV-A: "a pretrained duration predictor estimates the utterance length"; "6
+transformer layers with hidden dimension 256"): a small bidirectional transformer of its own
+(``duration_dim`` x ``duration_layers``) over the phonemes with the same speaker adaLN, mean-pooled,
+predicting ``log(T / P)`` (log frames per phoneme at the finest level; the estimate is
+``P * exp(.)``, so an untrained predictor starts at one frame per phoneme). Trained jointly with an
+L1 loss on ``log T`` (the paper's predictor is pretrained separately; training it with the decoder
+is one run instead of two and nothing flows between them). Frames of the finest level rather than
+seconds: the paradigm does not know the codec's frame rate, and ``T`` sets every level's length.
+
+Loss contract (sums plus a count, the engine divides by the global count): the masked-token
+cross-entropy is summed over masked tokens; an utterance's duration error is added
+``n_b`` times, ``n_b`` its number of masked tokens, and ``n_targets`` counts masked tokens only.
+After the engine's division the objective is therefore ``CE mean + duration_weight * (token-weighted
+mean duration L1)`` whatever the batch composition, world size or accumulation, which a per-utterance
+sum divided by a token count would not be.
+
+Decoding (Fig. 2, IV-B "Inference details"), level by level:
+
+* target length ``T``: ``request.target_frames`` if given, else the duration predictor on the text's
+  phonemes (decoding ``length="predictor"``), or the prompt's frames per phoneme (``"prompt_rate"``,
+  palle.txt Eq. 11 with phoneme counts); level ``l`` then has ``ceil(T / 2 ** (L - l))`` tokens;
+* ``steps`` MaskGIT steps per level (20 in the paper): all non-prompt tokens start masked; each step
+  predicts every position, samples the masked ones, and re-masks the least confident so that the
+  cosine schedule's count stays masked (confidence = probability of the sampled token, MaskGIT);
+* classifier-free guidance ``logits = c + w (c - u)`` (``c`` conditional, ``u`` with the null
+  condition), ``w`` decreasing linearly from 3 to 0.75 over a level's steps;
+* Gaussian noise of variance decreasing linearly from 3 to 0 added to the guided logits before
+  sampling;
+* level ``l + 1`` is conditioned on the whole of level ``l`` (prompt + generated), upsampled.
+
+Both schedules restart at every level: each level is its own MaskGIT decoding (the paper says "from
+start decoding to the end" and runs one decoding per level). ``Generation.forward_passes`` counts
+sequential backbone calls: CFG runs the conditional and the unconditional input as one batch of two,
+which is one pass, so a decoding costs ``levels * steps`` passes (fewer only if a level has fewer
+tokens than steps and finishes early). The duration predictor's single call is a separate small
+network and is reported as ``info["duration_passes"]``.
+
+Synthesis inputs. :class:`~arnar.paradigms.base.SynthesisRequest` carries BPE ids; CoD needs
+phonemes and a speaker embedding. :meth:`CoD.prepare_request` (called by
+:class:`arnar.synthesize.Synthesizer` when a paradigm has it) puts ``phonemes``, ``prompt_phonemes``
+and ``speaker`` into ``request.features``. Training reads the same names from
+``Utterance.features``, built by :mod:`arnar.data.cod_features`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from arnar.codec.hierarchy import level_factors, levels as decimated_levels, upsample
+from arnar.decode.sampling import sample_tokens
+from arnar.decode.schedules import cosine_mask_ratio, masks_per_step, total_frames_estimate
+from arnar.paradigms import register_paradigm
+from arnar.paradigms.base import (
+    IGNORE,
+    MASK,
+    PAD,
+    Batch,
+    Example,
+    Generation,
+    LossOutput,
+    Paradigm,
+    SynthesisRequest,
+    Utterance,
+    token_cross_entropy,
+)
+
+PAPER_LEVEL_PROBS = (0.2, 0.3, 0.5)  # IV-B, coarsest to finest, L = 3
+DECODING = {
+    "steps": 20,  # MaskGIT steps per level (IV-B)
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "guidance_start": 3.0,  # CFG weight, linear over a level's steps (IV-B)
+    "guidance_end": 0.75,
+    "noise_start": 3.0,  # variance of the Gaussian logit noise, linear over a level's steps (IV-B)
+    "noise_end": 0.0,
+    "length": "predictor",  # predictor | prompt_rate (when the request gives no target_frames)
+}
+MAX_FRAMES_PER_PHONEME = 64  # safety cap on a predicted length (1.3 s per phoneme at 50 Hz)
+
+
+# ----------------------------------------------------------------------------- small pieces
+
+def default_level_probs(n_levels: int) -> list[float]:
+    """The paper's [0.2, 0.3, 0.5] for L = 3. For L < 3 (the Table IV ablation, whose probabilities
+    the paper does not give) its finest ``L`` values renormalised: L = 2 -> [0.375, 0.625],
+    L = 1 -> [1]. For L > 3 there is nothing to derive them from: set ``level_probs``."""
+    if n_levels > len(PAPER_LEVEL_PROBS):
+        raise ValueError(f"CoD with {n_levels} levels: give level_probs (the paper only gives them for 3 levels)")
+    tail = PAPER_LEVEL_PROBS[len(PAPER_LEVEL_PROBS) - n_levels:]
+    return [p / sum(tail) for p in tail]
+
+
+def sample_level(probs: Tensor, generator: torch.Generator) -> int:
+    """A level 1..L drawn with ``probs`` (coarsest first)."""
+    return int(torch.multinomial(probs, 1, generator=generator)) + 1
+
+
+def corrupt(tokens: Tensor, rate: float, n_codes: int, generator: torch.Generator) -> Tensor:
+    """Each token independently replaced, with probability ``rate``, by a code drawn uniformly from
+    ``0 .. n_codes - 1`` (III-B: "randomly replacing a portion of these tokens with randomly chosen
+    indices within the vocabulary"). A replacement can draw the same code, so the share of tokens
+    that *change* is ``rate * (1 - 1 / n_codes)``."""
+    hit = torch.rand(tokens.shape, generator=generator) < rate
+    random_codes = torch.randint(n_codes, tokens.shape, generator=generator)
+    return torch.where(hit, random_codes, tokens)
+
+
+def linear_schedule(start: float, end: float, steps: int) -> list[float]:
+    """``steps`` values from ``start`` (first step) to ``end`` (last step), linearly."""
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    if steps == 1:
+        return [float(start)]
+    return [start + (end - start) * s / (steps - 1) for s in range(steps)]
+
+
+def guided_logits(cond: Tensor, uncond: Tensor, weight: float) -> Tensor:
+    """Classifier-free guidance ``c + w (c - u)`` (= ``(1 + w) c - w u``): ``w = 0`` is the plain
+    conditional model, and the paper's end value 0.75 still pushes away from the unconditional one."""
+    return cond + weight * (cond - uncond)
+
+
+def trim_prompt(prompt: Tensor, multiple: int) -> Tensor:
+    """The last ``multiple * floor(T_p / multiple)`` frames of the prompt (see the module docstring:
+    the prompt/continuation boundary must fall on a level-1 token boundary)."""
+    keep = multiple * (len(prompt) // multiple)
+    return prompt[len(prompt) - keep:]
+
+
+# ----------------------------------------------------------------------------- duration predictor
+
+class DurationPredictor(nn.Module):
+    """Utterance length from phonemes and the speaker: ``log(T / P)`` of the finest level, a
+    bidirectional transformer over the phonemes (speaker by adaLN), mean-pooled, one linear output."""
+
+    def __init__(self, n_phonemes: int, speaker_dim: int, dim: int, n_layers: int, n_heads: int, dropout: float):
+        super().__init__()
+        from arnar.nn import Transformer, TransformerConfig
+
+        self.embed = nn.Embedding(n_phonemes, dim)
+        self.speaker = nn.Linear(speaker_dim, dim)
+        self.transformer = Transformer(TransformerConfig(dim=dim, n_layers=n_layers, n_heads=n_heads,
+                                                         dropout=dropout, cond_dim=dim))
+        self.out = nn.Linear(dim, 1)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)  # starts at one frame per phoneme
+
+    def forward(self, phonemes: Tensor, lengths: Tensor, speaker: Tensor) -> Tensor:
+        """``phonemes`` [B, P] ids (padded), ``lengths`` [B], ``speaker`` [B, speaker_dim] ->
+        predicted ``log T`` [B]."""
+        B, P = phonemes.shape
+        valid = torch.arange(P, device=phonemes.device)[None] < lengths[:, None]
+        # padded queries attend themselves only; real ones attend every real phoneme
+        mask = valid[:, None, :] | torch.eye(P, dtype=torch.bool, device=phonemes.device)[None]
+        hidden = self.transformer(self.embed(phonemes), torch.arange(P, device=phonemes.device), mask,
+                                  cond=self.speaker(speaker))
+        pooled = (hidden * valid[..., None]).sum(1) / lengths[:, None].clamp_min(1)
+        return self.out(pooled).squeeze(-1).float() + lengths.clamp_min(1).float().log()
+
+
+# ----------------------------------------------------------------------------- the paradigm
+
+@register_paradigm
+class CoD(Paradigm):
+    name = "cod"
+
+    def __init__(self, vocab, model, *, levels: int = 3, level_probs: list[float] | None = None,
+                 n_phonemes: int = 64, speaker_dim: int = 256, speaker_encoder: str = "resemblyzer",
+                 phoneme_tokenizer: str | None = None, condition_dropout: float = 0.1,
+                 previous_noise: float = 0.1, speech_prompt: bool = True, prompt_max: float = 0.4,
+                 duration_dim: int = 128, duration_layers: int = 2, duration_heads: int = 2,
+                 duration_weight: float = 1.0, **unknown: Any):
+        from arnar.nn import TransformerConfig
+
+        if unknown:
+            raise ValueError(f"CoD: unknown options {sorted(unknown)}")
+        levels = int(levels)
+        if levels < 1:
+            raise ValueError(f"CoD levels must be >= 1, got {levels}")
+        probs = default_level_probs(levels) if level_probs is None else [float(p) for p in level_probs]
+        if len(probs) != levels or any(p < 0 for p in probs) or not math.isclose(sum(probs), 1.0, abs_tol=1e-6):
+            raise ValueError(f"CoD level_probs must be {levels} non-negative numbers summing to 1, got {level_probs}")
+        for name, rate in (("condition_dropout", condition_dropout), ("previous_noise", previous_noise)):
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"CoD {name} must be in [0, 1), got {rate}")
+        if not 0.0 <= prompt_max < 1.0:
+            raise ValueError(f"CoD prompt_max must be in [0, 1), got {prompt_max}")
+        cfg = model if isinstance(model, TransformerConfig) else TransformerConfig.from_dict(dict(model))
+        if cfg.cond_dim == 0:  # the speaker conditions every layer by adaLN (IV-A)
+            cfg = dataclasses.replace(cfg, cond_dim=cfg.dim)
+        super().__init__(vocab, cfg, levels=levels, level_probs=probs, n_phonemes=n_phonemes,
+                         speaker_dim=speaker_dim, speaker_encoder=speaker_encoder,
+                         phoneme_tokenizer=phoneme_tokenizer, condition_dropout=condition_dropout,
+                         previous_noise=previous_noise, speech_prompt=speech_prompt, prompt_max=prompt_max,
+                         duration_dim=duration_dim, duration_layers=duration_layers,
+                         duration_heads=duration_heads, duration_weight=duration_weight)
+        self.n_levels = levels
+        self.level_probs = torch.tensor(probs, dtype=torch.float)
+        self.n_phonemes, self.speaker_dim = int(n_phonemes), int(speaker_dim)
+        self.condition_dropout, self.previous_noise = float(condition_dropout), float(previous_noise)
+        self.speech_prompt, self.prompt_max = bool(speech_prompt), float(prompt_max)
+        self.duration_weight = float(duration_weight)
+        self.speaker_encoder_name, self.phoneme_tokenizer_path = speaker_encoder, phoneme_tokenizer
+        dim = cfg.dim
+        self.phoneme_embed = nn.Embedding(self.n_phonemes, dim)
+        self.previous_embed = nn.Embedding(vocab.speech_size + 1, dim, padding_idx=0)  # row 0: none
+        self.level_embed = nn.Embedding(levels, dim)
+        self.null_phoneme = nn.Parameter(torch.zeros(dim))
+        self.null_previous = nn.Parameter(torch.zeros(dim))
+        self.speaker_proj = nn.Linear(self.speaker_dim, cfg.cond_dim)
+        for table in (self.phoneme_embed, self.previous_embed, self.level_embed):
+            nn.init.normal_(table.weight, std=0.02)
+        with torch.no_grad():
+            self.previous_embed.weight[0].zero_()
+        nn.init.normal_(self.null_phoneme, std=0.02)
+        nn.init.normal_(self.null_previous, std=0.02)
+        self.duration = DurationPredictor(self.n_phonemes, self.speaker_dim, int(duration_dim),
+                                          int(duration_layers), int(duration_heads), cfg.dropout)
+        self.backbone_calls = 0  # sequential calls of the shared backbone (Generation.forward_passes)
+
+    # -- inputs
+    @property
+    def prompt_multiple(self) -> int:
+        """Frames per level-1 token, ``F = 2 ** (L - 1)``: prompt lengths are multiples of it."""
+        return level_factors(self.n_levels)[0]
+
+    def _features(self, features: dict[str, Tensor], where: str) -> tuple[Tensor, Tensor]:
+        """(phoneme ids [P], speaker embedding [speaker_dim]) from a features dict, checked."""
+        if "phonemes" not in features or "speaker" not in features:
+            raise ValueError(
+                f"{where}: CoD needs features 'phonemes' and 'speaker' (got {sorted(features)}); build them with "
+                "`arnar cod-features` and train with data.features=<file>, or call prepare_request at synthesis")
+        phonemes = torch.as_tensor(features["phonemes"]).long().reshape(-1)
+        speaker = torch.as_tensor(features["speaker"]).float().reshape(-1)
+        if len(phonemes) and (int(phonemes.min()) < 0 or int(phonemes.max()) >= self.n_phonemes):
+            raise ValueError(f"{where}: phoneme id {int(phonemes.max())} outside 0..{self.n_phonemes - 1}; "
+                             "raise the CoD option n_phonemes to the phoneme tokenizer's vocab_size")
+        if speaker.numel() != self.speaker_dim:
+            raise ValueError(f"{where}: speaker embedding of size {speaker.numel()}, the CoD option speaker_dim is "
+                             f"{self.speaker_dim} (features made with another speaker encoder?)")
+        return phonemes, speaker
+
+    def sequence_length(self, utt: Utterance) -> int:
+        """Upper bound of the training sequence for the engine's token budget: phonemes + all
+        frames (the finest level; coarser levels are shorter)."""
+        phonemes = utt.features.get("phonemes")
+        return (len(phonemes) if phonemes is not None else len(utt.text)) + utt.num_frames
+
+    def _sequence(self, phonemes: Tensor, current: Tensor, previous: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``input_ids``, ``phonemes`` extra and ``previous`` extra of ``[phonemes, speech]``.
+        ``current``: shared ids of this level (speech ids or MASK) [N]; ``previous``: codes [N]
+        of the previous level upsampled to N, or None at level 1."""
+        P, N = len(phonemes), len(current)
+        input_ids = torch.cat([torch.full((P,), PAD, dtype=torch.long), current.long()])
+        phoneme_extra = torch.cat([phonemes.long() + 1, torch.zeros(N, dtype=torch.long)])
+        previous_extra = torch.cat([torch.zeros(P, dtype=torch.long),
+                                    torch.zeros(N, dtype=torch.long) if previous is None else previous.long() + 1])
+        return input_ids, phoneme_extra, previous_extra
+
+    def embed_inputs(self, input_ids: Tensor, phonemes: Tensor, previous: Tensor, level: Tensor,
+                     drop: Tensor) -> Tensor:
+        """[B, S, dim] inputs of the shared decoder (layout in the module docstring). ``phonemes``
+        and ``previous`` [B, S] hold id + 1 (0: none), ``level`` [B] 1..L, ``drop`` [B] bool: the
+        condition is replaced by the null embeddings (CFG)."""
+        x = self.embed(input_ids)
+        is_phoneme = (phonemes > 0)[..., None]
+        drop = drop.bool()[:, None, None]
+        phoneme_x = torch.where(drop, self.null_phoneme.to(x.dtype), self.phoneme_embed((phonemes - 1).clamp_min(0)))
+        x = torch.where(is_phoneme, phoneme_x, x)
+        has_previous = (previous > 0)[..., None]
+        previous_x = torch.where(drop, self.null_previous.to(x.dtype), self.previous_embed(previous))
+        x = x + previous_x * has_previous
+        return x + self.level_embed(level.long() - 1)[:, None, :]
+
+    def level_logits(self, input_ids: Tensor, position_ids: Tensor, phonemes: Tensor, previous: Tensor,
+                     level: Tensor, drop: Tensor, speaker: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """One pass of the shared decoder -> [B, S, vocab.size] logits (counted in ``backbone_calls``)."""
+        B, S = input_ids.shape
+        if attention_mask is None:  # bidirectional everywhere
+            attention_mask = torch.ones(B, S, S, dtype=torch.bool, device=input_ids.device)
+        x = self.embed_inputs(input_ids, phonemes, previous, level, drop)
+        self.backbone_calls += 1
+        hidden = self.backbone(x, position_ids, attention_mask, cond=self.speaker_proj(speaker.reshape(B, -1)))
+        return self.head(hidden)
+
+    # -- training
+    def prompt_frames(self, n_frames: int, generator: torch.Generator) -> int:
+        """Frames of a training example's prompt: ``U(0, prompt_max) * T`` rounded down to whole level-1
+        tokens (a multiple of ``F``), below ``T`` so that a target remains; 0 without ``speech_prompt``."""
+        if not self.speech_prompt:
+            return 0
+        F = self.prompt_multiple
+        drawn = float(torch.rand((), generator=generator)) * self.prompt_max * n_frames
+        return F * int(min(drawn, n_frames - 1) // F)
+
+    def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
+        phonemes, speaker = self._features(utt.features, utt.utt_id)
+        T = utt.num_frames
+        level = sample_level(self.level_probs, generator)
+        tokens = [torch.from_numpy(x) for x in decimated_levels(utt.speech.numpy(), self.n_levels)]
+        current = tokens[level - 1]
+        N = len(current)
+        n_prompt = self.prompt_frames(T, generator) // level_factors(self.n_levels)[level - 1]
+        n_target = N - n_prompt
+        u = float(torch.rand((), generator=generator))
+        n_masked = max(1, math.ceil(cosine_mask_ratio(u) * n_target))
+        masked = torch.zeros(N, dtype=torch.bool)
+        masked[n_prompt + torch.randperm(n_target, generator=generator)[:n_masked]] = True
+        previous = None
+        if level > 1:  # Eq. 1, l > 1: conditioned on level l-1, augmented (III-B)
+            previous = torch.from_numpy(upsample(tokens[level - 2].numpy(), 2, N))
+            previous = corrupt(previous, self.previous_noise, self.vocab.speech_size, generator)
+        drop = bool(torch.rand((), generator=generator) < self.condition_dropout)
+        shared = self.vocab.speech(current)
+        input_ids, phoneme_extra, previous_extra = self._sequence(phonemes, torch.where(masked, MASK, shared), previous)
+        P = len(phonemes)
+        targets = torch.full_like(input_ids, IGNORE)
+        targets[P:][masked] = shared[masked]
+        S = P + N
+        extras = {"phonemes": phoneme_extra, "previous": previous_extra, "level": torch.tensor(level),
+                  "drop": torch.tensor(drop), "speaker": speaker[None],  # [1, D]: never mistaken for per-position
+                  "log_frames": torch.tensor(math.log(T), dtype=torch.float)}
+        return Example(input_ids, torch.arange(S), targets, torch.ones(S, S, dtype=torch.bool), extras)
+
+    def forward(self, batch: Batch) -> LossOutput:
+        ex = batch.extras
+        speaker = ex["speaker"].reshape(len(batch.input_ids), -1)
+        logits = self.level_logits(batch.input_ids, batch.position_ids, ex["phonemes"], ex["previous"],
+                                   ex["level"], ex["drop"], speaker, batch.attention_mask)
+        out = token_cross_entropy(logits, batch.targets)
+        # duration predictor on the (never dropped) phoneme prefix
+        n_phonemes = (ex["phonemes"] > 0).sum(1)
+        width = max(int(n_phonemes.max()), 1)
+        phonemes = (ex["phonemes"][:, :width] - 1).clamp_min(0)
+        predicted = self.duration(phonemes, n_phonemes, speaker)
+        error = (predicted - ex["log_frames"].float()).abs()
+        per_sequence_targets = (batch.targets != IGNORE).sum(1).float()
+        duration_sum = (error * per_sequence_targets).sum()
+        out.loss_sum = out.loss_sum + self.duration_weight * duration_sum
+        out.metrics["duration_abs_log_error"] = duration_sum.detach()
+        return out
+
+    # -- synthesis
+    def _phoneme_tokenizer(self):
+        if getattr(self, "_phoneme_tokenizer_cache", None) is None:
+            from arnar.text.phonemes import PhonemeTokenizer
+
+            path = self.phoneme_tokenizer_path
+            self._phoneme_tokenizer_cache = PhonemeTokenizer.load(path) if path else PhonemeTokenizer()
+        return self._phoneme_tokenizer_cache
+
+    def _speaker_encoder(self):
+        if getattr(self, "_speaker_encoder_cache", None) is None:
+            from arnar.evaluate.similarity import load_speaker_encoder
+
+            self._speaker_encoder_cache = load_speaker_encoder(self.speaker_encoder_name)
+        return self._speaker_encoder_cache
+
+    def prepare_request(self, request: SynthesisRequest, *, text: str, prompt_text: str, prompt_audio: np.ndarray,
+                        sample_rate: int) -> SynthesisRequest:
+        """The request with ``features``: ``phonemes`` of ``text``, ``prompt_phonemes`` of
+        ``prompt_text`` (phoneme tokenizer of option ``phoneme_tokenizer``, default inventory when
+        unset) and ``speaker``, the embedding of ``prompt_audio`` (mono float at ``sample_rate``)
+        by the encoder of option ``speaker_encoder`` (the one the features file was built with)."""
+        tokenizer = self._phoneme_tokenizer()
+        if tokenizer.vocab_size > self.n_phonemes:
+            raise ValueError(f"CoD: the phoneme tokenizer has {tokenizer.vocab_size} ids, the option n_phonemes is "
+                             f"{self.n_phonemes}")
+        phonemes = tokenizer.encode(text)
+        if not phonemes:
+            raise ValueError(f"CoD: text {text!r} has no phonemes")
+        speaker = self._speaker_encoder().embed([np.asarray(prompt_audio, dtype=np.float32)], int(sample_rate))[0]
+        out = dataclasses.replace(request)
+        out.features = {**dict(getattr(request, "features", None) or {}),
+                        "phonemes": torch.tensor(phonemes, dtype=torch.long),
+                        "prompt_phonemes": torch.tensor(tokenizer.encode(prompt_text), dtype=torch.long),
+                        "speaker": torch.as_tensor(speaker, dtype=torch.float)}
+        return out
+
+    @torch.no_grad()
+    def predict_frames(self, phonemes: Tensor, speaker: Tensor) -> int:
+        """Finest-level frames of an utterance of ``phonemes`` from the duration predictor."""
+        device = self.embed.weight.device
+        log_frames = self.duration(phonemes[None].to(device), torch.tensor([len(phonemes)], device=device),
+                                   speaker[None].to(device))
+        frames = round(math.exp(min(float(log_frames), 30.0)))
+        return max(1, min(frames, MAX_FRAMES_PER_PHONEME * len(phonemes)))
+
+    @torch.no_grad()
+    def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        unknown = set(decoding) - set(DECODING)
+        if unknown:
+            raise ValueError(f"CoD decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
+        opts = {**DECODING, **decoding}
+        if opts["length"] not in ("predictor", "prompt_rate"):
+            raise ValueError(f"CoD decoding length must be 'predictor' or 'prompt_rate', got {opts['length']!r}")
+        steps = int(opts["steps"])
+        features = dict(getattr(request, "features", None) or {})
+        text_phonemes, speaker = self._features(features, "CoD synthesis request")
+        if not len(text_phonemes):
+            raise ValueError("CoD synthesis request: the text has no phonemes")
+        prompt = trim_prompt(request.prompt_speech.long().cpu(), self.prompt_multiple) if self.speech_prompt \
+            else torch.zeros(0, dtype=torch.long)
+        prompt_phonemes = torch.zeros(0, dtype=torch.long)
+        if self.speech_prompt:
+            prompt_phonemes, _ = self._features({"phonemes": features.get("prompt_phonemes", prompt_phonemes),
+                                                 "speaker": speaker}, "CoD synthesis request (prompt)")
+        duration_passes = 0
+        if request.target_frames:
+            n_frames, length_from = int(request.target_frames), "given"
+        elif opts["length"] == "prompt_rate":
+            n_frames = total_frames_estimate(len(request.prompt_speech), len(prompt_phonemes), len(text_phonemes))
+            length_from = "prompt_rate"
+        else:
+            n_frames, length_from, duration_passes = self.predict_frames(text_phonemes, speaker), "predictor", 1
+
+        device = self.embed.weight.device
+        phonemes = torch.cat([prompt_phonemes, text_phonemes])
+        P = len(phonemes)
+        guidance = linear_schedule(opts["guidance_start"], opts["guidance_end"], steps)
+        noise = linear_schedule(opts["noise_start"], opts["noise_end"], steps)
+        guided = any(w != 0 for w in guidance)
+        drop = torch.tensor([False, True] if guided else [False], device=device)
+        speaker_rows = speaker[None].expand(len(drop), -1).to(device)
+        calls_before = self.backbone_calls
+        factors = level_factors(self.n_levels)
+        prompt_levels = decimated_levels(prompt.numpy(), self.n_levels)  # each empty without a prompt
+        finished: Tensor | None = None  # codes of the last decoded level, prompt included
+        lengths = []
+        for level, factor in enumerate(factors, start=1):
+            n_prompt = len(prompt) // factor
+            n_target = math.ceil(n_frames / factor)
+            N = n_prompt + n_target
+            lengths.append(N)
+            previous = None if finished is None else torch.from_numpy(upsample(finished.numpy(), 2, N))
+            current = torch.cat([self.vocab.speech(torch.from_numpy(prompt_levels[level - 1])),
+                                 torch.full((n_target,), MASK, dtype=torch.long)])
+            sequence = self._sequence(phonemes, current, previous)
+            input_ids, phoneme_extra, previous_extra = (t.to(device) for t in sequence)
+            rows = len(drop)
+            batch_inputs = dict(position_ids=torch.arange(P + N, device=device)[None].expand(rows, -1),
+                                phonemes=phoneme_extra[None].expand(rows, -1),
+                                previous=previous_extra[None].expand(rows, -1),
+                                level=torch.full((rows,), level, device=device), drop=drop, speaker=speaker_rows)
+            start = P + n_prompt
+            masked = torch.ones(n_target, dtype=torch.bool, device=device)
+            for step, keep_masked in enumerate(masks_per_step(n_target, steps)):
+                if not bool(masked.any()):
+                    break
+                logits = self.level_logits(input_ids[None].expand(rows, -1), **batch_inputs)
+                logits = logits[:, start:, self.vocab.speech_offset:].float()  # speech codes only
+                step_logits = guided_logits(logits[0], logits[1], guidance[step]) if guided else logits[0]
+                if noise[step] > 0:
+                    gaussian = torch.randn(step_logits.shape, generator=generator).to(device)
+                    step_logits = step_logits + math.sqrt(noise[step]) * gaussian
+                codes, probs = sample_tokens(step_logits, generator, temperature=opts["temperature"],
+                                             top_k=opts["top_k"], top_p=opts["top_p"])
+                # committed tokens are never re-masked; of the fresh ones, the least confident wait
+                confidence = probs.masked_fill(~masked, float("inf"))
+                target_ids = input_ids[start:].clone()
+                target_ids[masked] = self.vocab.speech(codes[masked])
+                still_masked = torch.zeros_like(masked)
+                if keep_masked > 0:
+                    still_masked[torch.topk(confidence, keep_masked, largest=False).indices] = True
+                target_ids[still_masked] = MASK
+                input_ids[start:] = target_ids
+                masked = still_masked
+            finished = self.vocab.speech_codes(input_ids[P:].cpu())
+        speech = finished[len(prompt):]
+        return Generation(speech, forward_passes=self.backbone_calls - calls_before, info={
+            "target_frames": n_frames, "length_from": length_from, "levels": self.n_levels, "steps": steps,
+            "level_lengths": lengths, "prompt_frames_used": len(prompt), "duration_passes": duration_passes})

@@ -1,0 +1,546 @@
+"""SyncSpeech: a Temporal Masked Transformer (TMT) that speaks text while it arrives (syncspeech.txt, section 2).
+
+Each text (BPE) token ``y_n`` owns the span of speech frames ``s_{a_{n-1}:a_n}`` (``a`` from the forced
+alignment, :attr:`Utterance.ends`, ``a_0 = 0``). One forward pass emits *all* the speech tokens of one
+text token in parallel (masked prediction) and the duration of the next one, so decoding costs
+``L + 1`` passes for ``L`` text tokens instead of ``T`` (section 2.1).
+
+Sequence (Eq. 3, fine-tuning): for a random ``n`` in ``[1, L]`` and look-ahead ``q``::
+
+    y_1 .. y_L'  E  D s_{1:a_1}  D s_{a_1:a_2} ... D <mask> x l_n  D        L' = min(L, n + q)
+
+``E`` (end of text, id :data:`END_OF_TEXT`) closes the text and opens the speech stream; every ``D``
+(duration placeholder, id :data:`DURATION`) stands before the span of one text token and predicts that
+span's length. The spans of ``y_1 .. y_{n-1}`` are real speech tokens, the span of ``y_n`` is all
+``<mask>`` (Eq. 1-2). Losses: cross-entropy of the true tokens at the masked span through the shared
+head (Eq. 4) and of ``l_{n+1} = a_{n+1} - a_n`` at the last ``D`` through a duration head (Eq. 5; no
+target when ``n = L``). Durations are classes ``0 .. max_duration``; longer targets are clamped to
+``max_duration`` (option; on the 25 Hz corpora here no BPE token is longer than 20 frames).
+
+Decision (option ``prefill_duration``, default on): the ``D`` before the masked span also learns
+``l_n``. That ``D`` sees exactly what the *first* duration prediction of a decoding sees (all spans
+before it real, text up to ``y_{n+q}``): the paper notes that this first prediction is the one pass
+that is not merged with speech prediction, but Eq. 5 never trains it, so a model fine-tuned without
+pre-training (the Table 2 ablation) would guess its first duration from an untrained placeholder.
+
+Pre-training (Eq. 6, ``stage: pretrain``): the whole text, every span present::
+
+    y_1 .. y_L  E  D ŝ_{1:a_1}  D ŝ_{a_1:a_2} ... D ŝ_{a_{L-1}:a_L}
+
+where a text-level mask ``m̂_bpe`` decides which spans are ``<mask>``: its first value is
+Bernoulli(0.5) and adjacent values differ (so it alternates), expanded to frames through ``a``. The
+loss is Eq. 4 on every masked frame plus Eq. 5 at every ``D`` (``D`` before span ``k`` predicts
+``l_k``: it always sees the whole text and only the spans before it, so each is a valid target).
+
+Hybrid attention mask (Fig. 1, right): text and the special tokens ``E``/``D`` attend causally;
+speech and mask tokens attend everything before them and, in both directions, every speech/mask
+token of the same text token. ``attention: causal`` (Table 2 ablation) drops the bidirectional part.
+
+Positions: text and speech stream have separate ranges (section 2.1 "Inference"): text token ``j``
+at ``j`` (0-based), the speech stream (``E``, ``D``s, speech, masks) from 0 in its own order, RoPE
+over both. Nothing in the speech stream moves when text tokens arrive, which is what lets the KV
+cache survive streaming text. The mask is therefore written in terms of these positions, not of the
+order in which positions sit in the cache (:func:`hybrid_attention_mask`): a text query sees text
+keys up to its own position, a speech-stream query sees the text that had arrived when it was
+computed (``text_seen``), stream keys up to its own stream position, and its own span. For a
+training sequence (text first, all of it seen) this is exactly "causal + same-span blocks".
+
+Streaming decoding (:meth:`SyncSpeech.stream`), with ``P`` prompt text tokens whose speech is known:
+
+1. wait for ``q + 1`` target text tokens; one pass over ``[prompt text, y_1..y_{q+1}, E, D, prompt
+   spans with their D's, D]`` predicts the first duration (top-k, default k = 3, Table 3);
+2. for target token ``n = 1, 2, ..``: wait for ``y_{n+q}`` (or the end of the text); one pass over
+   ``[the text tokens that arrived, the real tokens of span n-1, its D again, <mask> x l_n, D]``,
+   after cropping the masks of span ``n-1`` and the ``D`` after them from the cache (they attended
+   masks; in training every span before the masked one is real). The masks give the speech tokens
+   of ``y_n`` (greedy, Table 3), the last ``D`` the duration of ``y_{n+1}``.
+
+So ``L + 1`` passes, the first audio after ``q + 1`` text tokens. Each cached position keeps the text
+it saw when it was computed (the paper's KV cache with inserted text implies this; in training every
+speech token sees all ``L'`` text tokens). The uncached path (``cached=False``) recomputes the whole
+sequence every pass under the same positions and mask, so it must give the same tokens.
+
+Prompts: the request carries no alignment of the prompt, so its speech is spread uniformly over its
+text tokens (:func:`uniform_ends`), keeping one ``D`` + span per text token as in training (one block
+for the whole prompt would break the count of ``D``s the model uses to know where it is);
+:meth:`SyncSpeech.stream` takes true ``prompt_ends`` when a caller has them. ``request.text_ends``
+(oracle durations of the target) replace the predicted ones (Table 3 "Ground Truth");
+``request.target_frames`` is not used (the length follows from the durations).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from arnar.decode.sampling import restrict_logits, sample_tokens
+from arnar.paradigms import register_paradigm
+from arnar.paradigms.base import (
+    IGNORE,
+    MASK,
+    N_SPECIAL,
+    Batch,
+    Example,
+    Generation,
+    LossOutput,
+    Paradigm,
+    SynthesisRequest,
+    Utterance,
+)
+
+# The two spare special ids of arnar.paradigms.base (6 and 7).
+END_OF_TEXT = 6  # E of Eq. 3 (<EOS> in Fig. 1): end of the text part, start of the speech stream
+DURATION = 7  # D of Eq. 3 (<DPH> in Fig. 1): placeholder whose output predicts the next span's length
+assert max(END_OF_TEXT, DURATION) < N_SPECIAL
+
+STAGES = ("finetune", "pretrain")
+ATTENTIONS = ("hybrid", "causal")
+DECODING = {
+    "duration_top_k": 3,  # Table 3: top-k 3 for durations (1 = greedy)
+    "speech_top_k": 1,  # Table 3: greedy for speech tokens (k > 1 samples among the k best)
+    "temperature": 1.0,  # of whichever of the two samples (k > 1)
+    "chunk_size": 15,  # speech decoder chunk (section 3.1): the first packet is this many tokens
+    "cached": True,  # KV cache across passes; False recomputes everything (same tokens)
+}
+
+
+# ----------------------------------------------------------------------------- layout and mask
+
+@dataclass
+class Layout:
+    """A TMT sequence with what the attention mask and the losses need per position ([S] each).
+
+    ``position_ids``: index in the text for text tokens, index in the speech stream for the rest;
+    ``span``: 0-based index of the text token a speech/mask position belongs to, -1 elsewhere;
+    ``text_seen``: how many text tokens (from the first) a speech-stream position may attend, 0 for
+    text; ``duration_of``: for a ``D``, the 0-based index of the text token whose span follows it
+    (whose duration it predicts), -1 elsewhere.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    is_text: Tensor
+    span: Tensor
+    text_seen: Tensor
+    duration_of: Tensor
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @staticmethod
+    def cat(parts: Sequence[Layout]) -> Layout:
+        fields = ("input_ids", "position_ids", "is_text", "span", "text_seen", "duration_of")
+        return Layout(*(torch.cat([getattr(p, f) for p in parts]) for f in fields))
+
+    def __getitem__(self, index: slice) -> Layout:
+        """The positions of a slice (``layout[:n]``, ``layout[n:]``)."""
+        return Layout(self.input_ids[index], self.position_ids[index], self.is_text[index], self.span[index],
+                      self.text_seen[index], self.duration_of[index])
+
+
+def _layout(ids: Tensor, positions: Tensor, *, is_text: bool, span: int = -1, text_seen: int = 0,
+            duration_of: int = -1) -> Layout:
+    n = len(ids)
+    return Layout(ids.long(), positions.long(), torch.full((n,), is_text), torch.full((n,), span),
+                  torch.full((n,), text_seen), torch.full((n,), duration_of))
+
+
+def text_part(ids: Tensor, start: int) -> Layout:
+    """Text tokens (shared ids) at text positions ``start, start + 1, ..``."""
+    return _layout(ids, torch.arange(start, start + len(ids)), is_text=True)
+
+
+def marker(token: int, position: int, text_seen: int, duration_of: int = -1) -> Layout:
+    """One ``E`` or ``D`` at speech-stream ``position``."""
+    return _layout(torch.tensor([token]), torch.tensor([position]), is_text=False, text_seen=text_seen,
+                   duration_of=duration_of)
+
+
+def span_part(ids: Tensor, start: int, text_seen: int, token: int) -> Layout:
+    """The speech/mask tokens (shared ids) of text token ``token`` from speech-stream ``start``."""
+    return _layout(ids, torch.arange(start, start + len(ids)), is_text=False, span=token, text_seen=text_seen)
+
+
+def hybrid_attention_mask(keys: Layout, queries: Layout | None = None, *, bidirectional: bool = True) -> Tensor:
+    """``[len(queries), len(keys)]`` bool, True where the query may attend the key (Fig. 1, right).
+
+    Text queries: text keys at or before their text position (causal over text). Speech-stream
+    queries (``E``, ``D``, speech, mask): the first ``text_seen`` text tokens, stream keys at or before
+    their stream position (causal), and, if ``bidirectional``, every key of the same span. Only
+    positions and the per-position fields matter, not where a key sits in the sequence or cache,
+    so a text token appended after speech (streaming) is handled by the same rule.
+    ``queries`` defaults to ``keys`` (the full square mask)."""
+    queries = keys if queries is None else queries
+    key_text = keys.is_text[None, :]
+    key_pos, query_pos = keys.position_ids[None, :], queries.position_ids[:, None]
+    not_later = key_pos <= query_pos
+    text_rows = key_text & not_later
+    stream_rows = (key_text & (key_pos < queries.text_seen[:, None])) | (~key_text & not_later)
+    if bidirectional:
+        query_span = queries.span[:, None]
+        stream_rows = stream_rows | ((query_span >= 0) & (query_span == keys.span[None, :]))
+    return torch.where(queries.is_text[:, None], text_rows, stream_rows)
+
+
+# ----------------------------------------------------------------------------- training sequences
+
+def durations(ends: Tensor) -> Tensor:
+    """``l_n = a_n - a_{n-1}`` with ``a_0 = 0``."""
+    ends = torch.as_tensor(ends).long()
+    return ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+
+
+def check_ends(ends: Tensor | None, n_text: int, n_frames: int, what: str) -> Tensor:
+    if ends is None:
+        raise ValueError(f"{what}: SyncSpeech needs the BPE-level alignment (a_n, Utterance.ends)")
+    ends = torch.as_tensor(ends).long()
+    if len(ends) != n_text or n_text == 0:
+        raise ValueError(f"{what}: {len(ends)} ends for {n_text} text tokens")
+    if int(ends[-1]) != n_frames or bool((durations(ends) < 0).any()):
+        raise ValueError(f"{what}: ends must be non-decreasing and end at the {n_frames} frames, got {ends.tolist()}")
+    return ends
+
+
+def tmt_sequence(vocab, text: Tensor, speech: Tensor, ends: Tensor, *, n_text: int, masked: Sequence[bool],
+                 trailing_duration: bool) -> tuple[Layout, Tensor]:
+    """``[y_1..y_{n_text}, E, D, span_1, D, span_2, .., D, span_m, (D)]`` for ``m = len(masked)`` spans,
+    span ``k`` all ``<mask>`` where ``masked[k]`` (Eq. 3 and Eq. 6). Every speech-stream position sees
+    the ``n_text`` text tokens. Returns the layout and the speech targets (true shared ids at
+    masked positions, IGNORE elsewhere)."""
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    parts = [text_part(vocab.text(text[:n_text]), 0), marker(END_OF_TEXT, 0, n_text)]
+    targets = [torch.full((n_text + 1,), IGNORE)]
+    position = 1
+    for k, is_masked in enumerate(masked):
+        parts.append(marker(DURATION, position, n_text, duration_of=k))
+        true_ids = vocab.speech(speech[int(starts[k]):int(ends[k])])
+        ids = torch.full_like(true_ids, MASK) if is_masked else true_ids
+        parts.append(span_part(ids, position + 1, n_text, token=k))
+        targets += [torch.tensor([IGNORE]), true_ids if is_masked else torch.full_like(true_ids, IGNORE)]
+        position += 1 + len(ids)
+    if trailing_duration:
+        parts.append(marker(DURATION, position, n_text, duration_of=len(masked)))
+        targets.append(torch.tensor([IGNORE]))
+    return Layout.cat(parts), torch.cat(targets).long()
+
+
+def finetune_sequence(vocab, text: Tensor, speech: Tensor, ends: Tensor, n: int, q: int) -> tuple[Layout, Tensor]:
+    """Eq. 3 for the 1-based text token ``n``: text up to ``L' = min(L, n + q)``, spans 1..n-1 real,
+    span n masked (Eq. 1-2), a trailing ``D`` for ``l_{n+1}``."""
+    L = len(text)
+    if not 1 <= n <= L:
+        raise ValueError(f"n must be in [1, {L}], got {n}")
+    return tmt_sequence(vocab, text, speech, ends, n_text=min(L, n + q), masked=[False] * (n - 1) + [True],
+                        trailing_duration=True)
+
+
+def pretrain_text_mask(n_text: int, generator: torch.Generator) -> list[bool]:
+    """``m̂_bpe`` of Eq. 6: the first value ~ Bernoulli(0.5), adjacent values never equal."""
+    first = bool(torch.rand((), generator=generator) < 0.5)
+    return [first if k % 2 == 0 else not first for k in range(n_text)]
+
+
+def pretrain_sequence(vocab, text: Tensor, speech: Tensor, ends: Tensor,
+                      text_mask: Sequence[bool]) -> tuple[Layout, Tensor]:
+    """Eq. 6: the whole text, every span, span k masked where ``text_mask[k]``, no trailing ``D``."""
+    return tmt_sequence(vocab, text, speech, ends, n_text=len(text), masked=list(text_mask), trailing_duration=False)
+
+
+def uniform_ends(n_text: int, n_frames: int) -> Tensor:
+    """Ends that spread ``n_frames`` as evenly as integers allow over ``n_text`` tokens (the prompt's
+    alignment when none is given): ``a_k = floor(k * T / n)``."""
+    if n_text == 0:
+        if n_frames:
+            raise ValueError(f"a prompt of {n_frames} speech frames needs its transcript (no prompt text given)")
+        return torch.zeros(0, dtype=torch.long)
+    return torch.div(torch.arange(1, n_text + 1) * n_frames, n_text, rounding_mode="floor")
+
+
+# ----------------------------------------------------------------------------- streaming results
+
+@dataclass
+class StreamStep:
+    """What one forward pass of :meth:`SyncSpeech.stream` produced."""
+
+    speech: Tensor  # codes of one text token's span (empty for the first pass)
+    text_tokens_read: int  # target text tokens taken from the input so far
+    forward_passes: int  # backbone calls so far
+    next_duration: int  # the duration predicted (or given) for the next text token
+
+
+@dataclass
+class Chunk:
+    """A packet of speech tokens for the speech decoder (:func:`speech_chunks`)."""
+
+    speech: Tensor  # codes: ``chunk_size`` of them, except the last chunk (the rest, maybe none)
+    text_tokens_read: int  # target text tokens that had arrived when this chunk was complete
+    forward_passes: int  # backbone calls made when it was complete
+    last: bool
+
+
+def speech_chunks(steps: Iterable[StreamStep], chunk_size: int) -> Iterator[Chunk]:
+    """Regroup the spans of a stream into packets of ``chunk_size`` tokens, each yielded as soon as
+    the pass that completes it has run; after the stream ends, one ``last`` chunk with the rest
+    (possibly empty, so that the consumer always learns the final counts)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    pending = torch.zeros(0, dtype=torch.long)
+    step = None
+    for step in steps:
+        pending = torch.cat([pending, step.speech.long().cpu()])
+        while len(pending) >= chunk_size:
+            yield Chunk(pending[:chunk_size], step.text_tokens_read, step.forward_passes, last=False)
+            pending = pending[chunk_size:]
+    if step is not None:
+        yield Chunk(pending, step.text_tokens_read, step.forward_passes, last=True)
+
+
+class _Decoder:
+    """Runs the backbone over a growing, croppable layout: with a KV cache (only the new positions
+    go through the network) or without (the whole layout every pass). Same positions and mask either
+    way. ``passes`` counts backbone calls."""
+
+    def __init__(self, model: SyncSpeech, cached: bool):
+        from arnar.nn import KVCache
+
+        self.model = model
+        self.layout: Layout | None = None
+        self.cache = KVCache() if cached else None
+        self.passes = 0
+
+    def run(self, new: Layout) -> Tensor:
+        """Hidden states ``[len(new), dim]`` of the new positions, appended to the layout."""
+        full = new if self.layout is None else Layout.cat([self.layout, new])
+        bidirectional = self.model.attention == "hybrid"
+        device = self.model.embed.weight.device
+        inputs = new if self.cache is not None else full
+        mask = hybrid_attention_mask(full, inputs, bidirectional=bidirectional)
+        hidden = self.model.backbone(self.model.embed(inputs.input_ids.to(device))[None],
+                                     inputs.position_ids.to(device)[None], mask.to(device)[None], cache=self.cache)
+        self.passes += 1
+        self.layout = full
+        return hidden[0, -len(new):]
+
+    def drop_last(self, n: int) -> None:
+        """Forget the last ``n`` positions (layout and cache)."""
+        keep = len(self.layout) - n
+        self.layout = self.layout[:keep]
+        if self.cache is not None:
+            self.cache.crop(keep)
+
+
+# ----------------------------------------------------------------------------- the paradigm
+
+@register_paradigm
+class SyncSpeech(Paradigm):
+    name = "syncspeech"
+
+    def __init__(self, vocab, model, *, stage: str = "finetune", q: int = 1, max_duration: int = 50,
+                 attention: str = "hybrid", prefill_duration: bool = True, **options: Any):
+        if options:
+            raise ValueError(f"syncspeech: unknown options {sorted(options)}; known: stage, q, max_duration, "
+                             "attention, prefill_duration")
+        if stage not in STAGES:
+            raise ValueError(f"syncspeech: stage must be one of {STAGES}, got {stage!r}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"syncspeech: attention must be one of {ATTENTIONS}, got {attention!r}")
+        if int(q) < 0 or int(max_duration) < 1:
+            raise ValueError(f"syncspeech: need q >= 0 and max_duration >= 1, got q={q}, max_duration={max_duration}")
+        super().__init__(vocab, model, stage=stage, q=int(q), max_duration=int(max_duration), attention=attention,
+                         prefill_duration=bool(prefill_duration))
+        self.stage, self.q, self.max_duration = stage, int(q), int(max_duration)
+        self.attention, self.prefill_duration = attention, bool(prefill_duration)
+        # Eq. 5: a second linear layer on the same hidden states, over durations 0..max_duration
+        self.duration_head = torch.nn.Linear(self.model_config.dim, self.max_duration + 1)
+        torch.nn.init.normal_(self.duration_head.weight, std=0.02)
+        torch.nn.init.zeros_(self.duration_head.bias)
+
+    # -- training
+    def sequence_length(self, utt: Utterance) -> int:
+        """Longest training sequence of ``utt`` (n = L: all text, L + 1 D's, all frames), for the
+        engine's token budget."""
+        return 2 * len(utt.text) + utt.num_frames + 2
+
+    def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
+        ends = check_ends(utt.ends, len(utt.text), utt.num_frames, utt.utt_id)
+        L = len(utt.text)
+        target_durations = durations(ends).clamp(max=self.max_duration)
+        if self.stage == "pretrain":
+            layout, targets = pretrain_sequence(self.vocab, utt.text, utt.speech, ends,
+                                                pretrain_text_mask(L, generator))
+            scored = layout.duration_of >= 0  # every D predicts the span after it
+        else:
+            n = int(torch.randint(1, L + 1, (), generator=generator))
+            layout, targets = finetune_sequence(self.vocab, utt.text, utt.speech, ends, n, self.q)
+            scored = layout.duration_of == n  # Eq. 5: l_{n+1} (0-based index n); none when n = L
+            if self.prefill_duration:
+                scored = scored | (layout.duration_of == n - 1)  # l_n from the D before the mask
+        scored = scored & (layout.duration_of < L)
+        duration_targets = torch.full((len(layout),), IGNORE, dtype=torch.long)
+        duration_targets[scored] = target_durations[layout.duration_of[scored]]
+        mask = hybrid_attention_mask(layout, bidirectional=self.attention == "hybrid")
+        return Example(layout.input_ids, layout.position_ids, targets, mask,
+                       extras={"duration_targets": duration_targets})
+
+    def forward(self, batch: Batch) -> LossOutput:
+        """Eq. 4 + Eq. 5 as sums over their targets, with one count for both."""
+        hidden = self.backbone(self.embed(batch.input_ids), batch.position_ids, batch.attention_mask)
+        speech_keep = batch.targets != IGNORE
+        speech_logits = self.head(hidden[speech_keep]).float()
+        speech_gold = batch.targets[speech_keep]
+        # collate pads extras with 0, a valid duration: padding positions get no target
+        real = torch.arange(batch.input_ids.shape[1], device=hidden.device)[None, :] < batch.lengths[:, None]
+        duration_targets = batch.extras["duration_targets"].masked_fill(~real, IGNORE)
+        duration_keep = duration_targets != IGNORE
+        duration_logits = self.duration_head(hidden[duration_keep]).float()
+        duration_gold = duration_targets[duration_keep]
+        ce = torch.nn.functional.cross_entropy
+        speech_loss = ce(speech_logits, speech_gold, reduction="sum")
+        duration_loss = ce(duration_logits, duration_gold, reduction="sum")
+        with torch.no_grad():
+            duration_guess = duration_logits.argmax(-1)
+            correct = (speech_logits.argmax(-1) == speech_gold).sum() + (duration_guess == duration_gold).sum()
+            metrics = {  # the engine divides each by the number of targets (speech + duration)
+                "correct": correct.float(),
+                "speech_loss": speech_loss.detach(),
+                "duration_loss": duration_loss.detach(),
+                "duration_abs_error": (duration_guess - duration_gold).abs().sum().float(),
+            }
+        return LossOutput(speech_loss + duration_loss, speech_keep.sum() + duration_keep.sum(), metrics)
+
+    # -- decoding
+    def decoding_options(self, decoding: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(decoding) - set(DECODING)
+        if unknown:
+            raise ValueError(f"SyncSpeech decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
+        return {**DECODING, **decoding}
+
+    def _choose(self, logits: Tensor, generator: torch.Generator, top_k: int, temperature: float) -> Tensor:
+        """Greedy when ``top_k == 1`` (or temperature 0), else sample among the ``top_k`` best; on the
+        CPU, where the caller's generator lives."""
+        if top_k == 1 or temperature <= 0:
+            return logits.argmax(-1).cpu()
+        ids, _ = sample_tokens(logits.float().cpu(), generator, temperature=temperature, top_k=top_k)
+        return ids
+
+    @torch.no_grad()
+    def stream(self, text: Iterable[int], prompt_text: Tensor, prompt_speech: Tensor, generator: torch.Generator, *,
+               prompt_ends: Tensor | None = None, text_ends: Tensor | None = None,
+               **decoding: Any) -> Iterator[StreamStep]:
+        """Text-synchronous decoding (see the module docstring): pulls target BPE ids from ``text``
+        only when a pass needs them (``y_{n+q}`` before the pass for ``y_n``) and yields one
+        :class:`StreamStep` per forward pass (the first carries no speech). ``prompt_ends``: the
+        prompt's a_n (default :func:`uniform_ends`); ``text_ends``: oracle a_n of the target."""
+        opts = self.decoding_options(decoding)
+        vocab, q = self.vocab, self.q
+        prompt_text = torch.as_tensor(prompt_text).long().cpu()
+        prompt_speech = torch.as_tensor(prompt_speech).long().cpu()
+        P = len(prompt_text)
+        prompt_ends = (uniform_ends(P, len(prompt_speech)) if prompt_ends is None
+                       else check_ends(prompt_ends, P, len(prompt_speech), "prompt"))
+        given = None if text_ends is None else durations(text_ends).tolist()
+        speech_allowed = torch.zeros(vocab.size, dtype=torch.bool)
+        speech_allowed[vocab.speech_offset:] = True
+
+        source, arrived, ended = iter(text), [], False
+
+        def wait_for(count: int) -> None:
+            nonlocal ended
+            while len(arrived) < count and not ended:
+                try:
+                    arrived.append(int(next(source)))
+                except StopIteration:
+                    ended = True
+
+        def next_duration(hidden_of_d: Tensor, index: int) -> int:
+            """Duration of target token ``index`` (0-based): the oracle's if given, else sampled."""
+            if given is not None:
+                return int(given[index]) if index < len(given) else 0
+            logits = self.duration_head(hidden_of_d)
+            return int(self._choose(logits, generator, int(opts["duration_top_k"]), float(opts["temperature"])))
+
+        decoder = _Decoder(self, cached=bool(opts["cached"]))
+        # 1. the first pass: once q + 1 text tokens are there, predict the first duration
+        wait_for(q + 1)
+        if not arrived:
+            return
+        seen = P + len(arrived)
+        parts = [text_part(vocab.text(torch.cat([prompt_text, torch.tensor(arrived, dtype=torch.long)])), 0),
+                 marker(END_OF_TEXT, 0, seen)]
+        position = 1
+        prompt_starts = torch.cat([prompt_ends.new_zeros(1), prompt_ends[:-1]])
+        for k in range(P):
+            parts.append(marker(DURATION, position, seen, duration_of=k))
+            ids = vocab.speech(prompt_speech[int(prompt_starts[k]):int(prompt_ends[k])])
+            parts.append(span_part(ids, position + 1, seen, token=k))
+            position += 1 + len(ids)
+        parts.append(marker(DURATION, position, seen, duration_of=P))
+        position += 1
+        hidden = decoder.run(Layout.cat(parts))
+        duration = next_duration(hidden[-1], 0)
+        in_sequence = len(arrived)  # target text tokens already placed in the sequence
+        yield StreamStep(torch.zeros(0, dtype=torch.long), len(arrived), decoder.passes, duration)
+
+        # 2. one pass per target text token
+        previous: Tensor | None = None  # the codes of the span decoded last pass
+        n = 0
+        while True:
+            n += 1
+            wait_for(n + q)
+            if len(arrived) < n:
+                break
+            token = P + n - 1  # 0-based index, prompt included, of the text token spoken now
+            seen = P + len(arrived)
+            parts = [text_part(vocab.text(torch.tensor(arrived[in_sequence:], dtype=torch.long)), P + in_sequence)]
+            in_sequence = len(arrived)
+            if previous is not None:
+                # the last pass's masks and the D after them attended masks: replace them by the real
+                # tokens (and that D again), as every span before the masked one is in training
+                decoder.drop_last(len(previous) + 1)
+                position -= len(previous) + 1
+                parts.append(span_part(vocab.speech(previous), position, seen, token=token - 1))
+                parts.append(marker(DURATION, position + len(previous), seen, duration_of=token))
+                position += len(previous) + 1
+            parts.append(span_part(torch.full((duration,), MASK), position, seen, token=token))
+            parts.append(marker(DURATION, position + duration, seen, duration_of=token + 1))
+            position += duration + 1
+            hidden = decoder.run(Layout.cat(parts))
+            previous = torch.zeros(0, dtype=torch.long)
+            if duration > 0:
+                span_hidden = hidden[len(hidden) - 1 - duration:len(hidden) - 1]
+                logits = restrict_logits(self.head(span_hidden), speech_allowed)
+                ids = self._choose(logits, generator, int(opts["speech_top_k"]), float(opts["temperature"]))
+                previous = vocab.speech_codes(ids.reshape(-1))
+            duration = next_duration(hidden[-1], n)
+            yield StreamStep(previous, len(arrived), decoder.passes, duration)
+
+    @torch.no_grad()
+    def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        """The whole text at once through :meth:`stream` (which still consumes it token by token, as
+        the look-ahead dictates, so the tokens equal those of a live stream)."""
+        opts = self.decoding_options(decoding)
+        start = time.perf_counter()
+        steps = self.stream(request.text.tolist(), request.prompt_text, request.prompt_speech, generator,
+                            text_ends=request.text_ends, **decoding)
+        codes, first, first_seconds, last = [], None, 0.0, None
+        for chunk in speech_chunks(steps, int(opts["chunk_size"])):
+            if first is None:
+                first, first_seconds = chunk, time.perf_counter() - start
+            codes.append(chunk.speech)
+            last = chunk
+        speech = torch.cat(codes) if codes else torch.zeros(0, dtype=torch.long)
+        info: dict[str, Any] = {
+            "chunk_size": int(opts["chunk_size"]),
+            "durations_from": "oracle" if request.text_ends is not None else "predicted",
+            "prompt_alignment": "uniform",
+            "cached": bool(opts["cached"]),
+        }
+        if first is not None:
+            info.update(text_tokens_waited=first.text_tokens_read, first_packet_seconds=first_seconds)
+        return Generation(speech, forward_passes=last.forward_passes if last else 0,
+                          first_packet_passes=first.forward_passes if first else None, info=info)

@@ -1,0 +1,541 @@
+"""Chain-of-Details: level sampling, conditioning corruption and dropout rates, the CFG null-condition
+path, guidance/noise schedules against hand-worked values, level lengths (T not divisible by 4),
+the forward-pass count, the loss contract, the features builder on the smoke data, and the DAC path
+on a small random-initialised DAC."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from arnar.codec.hierarchy import level_lengths, levels as decimated_levels, upsample
+from arnar.paradigms import build_paradigm
+from arnar.paradigms.base import IGNORE, MASK, PAD, SynthesisRequest, Utterance, Vocab, collate, token_cross_entropy
+from arnar.paradigms.cod import (
+    DECODING,
+    corrupt,
+    default_level_probs,
+    guided_logits,
+    linear_schedule,
+    sample_level,
+    trim_prompt,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "src" / "arnar" / "conf" / "paradigm"
+SMOKE = ROOT / "data" / "smoke"
+TINY = {"dim": 32, "n_layers": 2, "n_heads": 2, "dropout": 0.0}
+VOCAB = Vocab(text_size=10, speech_size=12)  # speech ids 18..29
+SMALL = {"speaker_dim": 8, "n_phonemes": 16, "duration_dim": 16, "duration_layers": 1, "duration_heads": 2}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on a shared machine they only contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def model(**options):
+    torch.manual_seed(0)
+    return build_paradigm("cod", VOCAB, TINY, **{**SMALL, **options}).eval()
+
+
+def utterance(T=23, P=5, seed=0, speech=None):
+    g = torch.Generator().manual_seed(seed)
+    speech = torch.randint(12, (T,), generator=g) if speech is None else speech
+    features = {"phonemes": torch.randint(1, 16, (P,), generator=g), "speaker": torch.randn(8, generator=g)}
+    return Utterance(f"spk00_{seed:04d}", "spk00", torch.tensor([1, 2]), speech, features=features)
+
+
+def examples(paradigm, n, utt=None, seed=0):
+    utt = utt or utterance()
+    return [paradigm.training_example(utt, torch.Generator().manual_seed(seed * 100003 + i)) for i in range(n)]
+
+
+def request(prompt_frames=10, target_frames=23, P_text=4, P_prompt=3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    features = {"phonemes": torch.randint(1, 16, (P_text,), generator=g),
+                "prompt_phonemes": torch.randint(1, 16, (P_prompt,), generator=g),
+                "speaker": torch.randn(8, generator=g)}
+    req = SynthesisRequest(torch.tensor([1, 2, 3]), torch.tensor([4, 5]),
+                           torch.randint(12, (prompt_frames,), generator=g), target_frames=target_frames)
+    req.features = features  # SynthesisRequest.features (set as an attribute too where the field is absent)
+    return req
+
+
+def record_passes(paradigm):
+    """Wrap ``level_logits``: every pass's inputs (copies) in a list."""
+    seen, original = [], paradigm.level_logits
+
+    def recording(input_ids, **kwargs):
+        seen.append({"input_ids": input_ids.clone(), **{k: v.clone() for k, v in kwargs.items()}})
+        return original(input_ids, **kwargs)
+
+    paradigm.level_logits = recording
+    return seen
+
+
+# ----------------------------------------------------------------------------- options, schedules
+
+def test_level_probabilities_default_and_checked():
+    assert default_level_probs(3) == pytest.approx([0.2, 0.3, 0.5])
+    assert default_level_probs(2) == pytest.approx([0.375, 0.625])  # the finest two, renormalised
+    assert default_level_probs(1) == pytest.approx([1.0])
+    with pytest.raises(ValueError, match="give level_probs"):
+        default_level_probs(4)
+    assert model(levels=4, level_probs=[0.1, 0.2, 0.3, 0.4]).n_levels == 4
+    with pytest.raises(ValueError, match="level_probs"):
+        model(level_probs=[0.5, 0.5])
+    with pytest.raises(ValueError, match="unknown options"):
+        model(level=3)
+
+
+def test_backbone_gets_adaln_for_the_speaker():
+    m = model()
+    assert m.model_config.cond_dim == TINY["dim"]  # cond_dim 0 in the model config -> dim
+    assert m.backbone.layers[0].modulation is not None
+    assert model_with_cond(24).model_config.cond_dim == 24
+
+
+def model_with_cond(cond_dim):
+    return build_paradigm("cod", VOCAB, {**TINY, "cond_dim": cond_dim}, **SMALL)
+
+
+def test_guidance_and_noise_schedules_hand_worked():
+    assert linear_schedule(3.0, 0.75, 4) == pytest.approx([3.0, 2.25, 1.5, 0.75])
+    assert linear_schedule(3.0, 0.0, 4) == pytest.approx([3.0, 2.0, 1.0, 0.0])
+    assert linear_schedule(3.0, 0.75, 20)[0] == 3.0 and linear_schedule(3.0, 0.75, 20)[-1] == pytest.approx(0.75)
+    assert linear_schedule(3.0, 0.75, 1) == [3.0]
+    # the paper's inference settings (IV-B) are the defaults
+    assert (DECODING["steps"], DECODING["guidance_start"], DECODING["guidance_end"]) == (20, 3.0, 0.75)
+    assert (DECODING["noise_start"], DECODING["noise_end"]) == (3.0, 0.0)
+
+
+def test_guided_logits_hand_checked():
+    cond, uncond = torch.tensor([1.0, 2.0, -1.0]), torch.tensor([0.0, 4.0, -1.0])
+    # c + w (c - u), w = 3: [1 + 3, 2 - 6, -1 + 0]
+    assert guided_logits(cond, uncond, 3.0).tolist() == [4.0, -4.0, -1.0]
+    assert guided_logits(cond, uncond, 0.0).tolist() == cond.tolist()
+    assert guided_logits(cond, uncond, 0.75).tolist() == [1.75, 0.5, -1.0]
+
+
+# ----------------------------------------------------------------------------- training examples
+
+def test_level_sampling_frequencies():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.2, 0.3, 0.5])
+    draws = torch.tensor([sample_level(probs, g) for _ in range(20000)])
+    freq = [(draws == level).float().mean().item() for level in (1, 2, 3)]
+    assert freq == pytest.approx([0.2, 0.3, 0.5], abs=0.015)
+    # and through training_example, which records its level
+    levels = torch.stack([e.extras["level"] for e in examples(model(), 3000)])
+    assert [(levels == level).float().mean().item() for level in (1, 2, 3)] == pytest.approx([0.2, 0.3, 0.5], abs=0.03)
+
+
+def test_level_lengths_follow_the_decimation_factors():
+    # T = 23 (not divisible by 4): levels of ceil(23/4) = 6, ceil(23/2) = 12, 23 tokens
+    assert level_lengths(23, 3) == [6, 12, 23]
+    speech = torch.arange(23) % 12
+    utt = utterance(T=23, P=5, speech=speech)
+    for level, n in zip((1, 2, 3), (6, 12, 23)):
+        probs = [float(level == k) for k in (1, 2, 3)]
+        m = model(level_probs=probs, speech_prompt=False, previous_noise=0.0, condition_dropout=0.0)
+        e = m.training_example(utt, torch.Generator().manual_seed(level))
+        assert len(e) == 5 + n and int(e.extras["level"]) == level
+        assert e.input_ids[:5].tolist() == [PAD] * 5
+        assert e.extras["phonemes"].tolist() == (utt.features["phonemes"] + 1).tolist() + [0] * n
+        assert e.position_ids.tolist() == list(range(5 + n)) and bool(e.attention_mask.all())
+        # speech positions: the level's tokens or <mask>; targets at the masks only, the true tokens
+        truth = VOCAB.speech(speech[:: 2 ** (3 - level)])
+        masked = e.input_ids[5:] == MASK
+        assert masked.any()
+        assert torch.equal(e.input_ids[5:][~masked], truth[~masked])
+        assert torch.equal(e.targets[5:][masked], truth[masked]) and bool((e.targets[5:][~masked] == IGNORE).all())
+        assert bool((e.targets[:5] == IGNORE).all())
+        # the previous level, upsampled: level 2 sees level 1 = speech[::4], each token twice
+        previous = e.extras["previous"]
+        assert previous[:5].tolist() == [0] * 5
+        if level == 1:
+            assert previous.tolist() == [0] * (5 + n)
+        else:
+            coarse = speech[:: 2 ** (4 - level)]
+            expected = [int(coarse[min(j // 2, len(coarse) - 1)]) + 1 for j in range(n)]
+            assert previous[5:].tolist() == expected
+    assert m.sequence_length(utt) >= 5 + 23
+
+
+def test_previous_level_corruption_rate():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(12, (200_000,), generator=g)
+    changed = (corrupt(tokens, 0.1, 12, g) != tokens).float().mean().item()
+    assert changed == pytest.approx(0.1 * (1 - 1 / 12), abs=0.003)  # a replacement can draw the same code
+    # in training examples: level 3 conditioned on level 2, compared with the clean upsampled level 2
+    speech = torch.randint(12, (40,), generator=g)
+    utt = utterance(T=40, speech=speech)
+    clean = torch.from_numpy(upsample(speech[::2].numpy(), 2, 40)) + 1
+    m = model(level_probs=[0, 0, 1])
+    diffs = [(e.extras["previous"][5:] != clean).float().mean().item() for e in examples(m, 400, utt)]
+    assert float(np.mean(diffs)) == pytest.approx(0.1 * (1 - 1 / 12), abs=0.015)
+    assert all(d == 0 for d in (
+        (e.extras["previous"][5:] != clean).float().mean().item()
+        for e in examples(model(level_probs=[0, 0, 1], previous_noise=0.0), 20, utt)))
+
+
+def test_condition_dropout_rate():
+    drops = torch.stack([e.extras["drop"] for e in examples(model(), 3000)]).float().mean().item()
+    assert drops == pytest.approx(0.1, abs=0.02)
+    assert not any(bool(e.extras["drop"]) for e in examples(model(condition_dropout=0.0), 200))
+
+
+def test_training_prompt_prefix_is_whole_level_one_tokens_and_unscored():
+    # the prompt is drawn right after the level (same generator); replay the draws to know it
+    for levels, level_probs in ((3, [0.2, 0.3, 0.5]), (2, None)):
+        m = model(levels=levels, level_probs=level_probs, prompt_max=0.9)
+        F, T = 2 ** (levels - 1), 41
+        prompts = []
+        for i, e in enumerate(examples(m, 300, utterance(T=T))):
+            replay = torch.Generator().manual_seed(i)
+            level = sample_level(m.level_probs, replay)
+            n_frames = m.prompt_frames(T, replay)
+            assert level == int(e.extras["level"])
+            assert n_frames % F == 0 and 0 <= n_frames <= 0.9 * T
+            n_prompt = n_frames // 2 ** (levels - level)
+            speech_targets = e.targets[5:]
+            assert bool((speech_targets[:n_prompt] == IGNORE).all())  # the prompt is never scored
+            assert bool((e.input_ids[5:5 + n_prompt] != MASK).all())  # nor masked
+            assert bool((speech_targets[n_prompt:] != IGNORE).any())  # a target remains
+            prompts.append(n_frames)
+        assert min(prompts) == 0 and max(prompts) >= 0.6 * T  # from none to long prompts
+    assert model(speech_prompt=False).prompt_frames(41, torch.Generator()) == 0
+
+
+def test_every_parameter_is_in_the_graph_of_every_batch():
+    """DDP without find_unused_parameters needs a gradient for every parameter at every step, also
+    for batches with no dropped condition (null embeddings) or only level-1 examples."""
+    m = model(condition_dropout=0.0, level_probs=[1, 0, 0]).train()
+    m(collate(examples(m, 3))).loss_sum.backward()
+    assert [n for n, p in m.named_parameters() if p.grad is None] == []
+
+
+# ----------------------------------------------------------------------------- the CFG null condition
+
+def test_dropped_condition_uses_the_null_embeddings():
+    m = model()
+    ids = torch.tensor([[PAD, PAD, MASK, VOCAB.speech(torch.tensor(3)).item()]] * 2)
+    phonemes_a, phonemes_b = torch.tensor([[2, 5, 0, 0]] * 2), torch.tensor([[9, 1, 0, 0]] * 2)
+    previous_a, previous_b = torch.tensor([[0, 0, 4, 7]] * 2), torch.tensor([[0, 0, 11, 2]] * 2)
+    level, drop = torch.tensor([2, 2]), torch.tensor([True, False])
+    xa = m.embed_inputs(ids, phonemes_a, previous_a, level, drop)
+    xb = m.embed_inputs(ids, phonemes_b, previous_b, level, drop)
+    # row 0 (dropped): phoneme positions are null_phoneme + level, speech positions get null_previous
+    lev = m.level_embed.weight[1]
+    assert torch.allclose(xa[0, :2], (m.null_phoneme + lev).expand(2, -1))
+    assert torch.allclose(xa[0, 2], m.embed.weight[MASK] + m.null_previous + lev)
+    assert torch.equal(xa[0], xb[0])  # the condition's content is gone
+    assert not torch.allclose(xa[1], xb[1])  # row 1 (kept) sees it
+    assert torch.allclose(xa[1, 0], m.phoneme_embed.weight[1] + lev)
+    assert torch.allclose(xa[1, 3], m.embed.weight[ids[1, 3]] + m.previous_embed.weight[7] + lev)
+    # through the whole decoder as well
+    speaker = torch.randn(2, 8)
+    out_a = m.level_logits(ids, torch.arange(4), phonemes_a, previous_a, level, drop, speaker)
+    out_b = m.level_logits(ids, torch.arange(4), phonemes_b, previous_b, level, drop, speaker)
+    assert torch.allclose(out_a[0], out_b[0]) and not torch.allclose(out_a[1], out_b[1])
+
+
+def test_null_embeddings_get_gradients_from_dropped_examples():
+    m = model(condition_dropout=0.5).train()
+    batch = collate(examples(m, 16))
+    assert batch.extras["drop"].any() and (~batch.extras["drop"]).any()
+    m(batch).loss_sum.backward()
+    assert m.null_phoneme.grad is not None and m.null_phoneme.grad.abs().sum() > 0
+    assert m.null_previous.grad.abs().sum() > 0
+
+
+# ----------------------------------------------------------------------------- loss contract
+
+def test_forward_sums_ce_and_token_weighted_duration_error():
+    m = model(duration_weight=0.5)
+    batch = collate(examples(m, 5))
+    speaker = batch.extras["speaker"].reshape(5, -1)
+    with torch.no_grad():
+        out = m(batch)
+        logits = m.level_logits(batch.input_ids, batch.position_ids, batch.extras["phonemes"],
+                                batch.extras["previous"], batch.extras["level"], batch.extras["drop"], speaker,
+                                batch.attention_mask)
+        predicted = m.duration(batch.extras["phonemes"][:, :5] - 1, torch.full((5,), 5), speaker)
+    ce = token_cross_entropy(logits, batch.targets)
+    error = (predicted - math.log(23)).abs()
+    per_sequence = (batch.targets != IGNORE).sum(1).float()
+    assert int(out.n_targets) == batch.n_targets
+    assert float(out.loss_sum) == pytest.approx(float(ce.loss_sum + 0.5 * (error * per_sequence).sum()), rel=1e-5)
+    assert float(out.metrics["duration_abs_log_error"]) == pytest.approx(float((error * per_sequence).sum()), rel=1e-5)
+
+
+def test_fresh_duration_predictor_says_one_frame_per_phoneme():
+    m = model()
+    assert m.predict_frames(torch.tensor([1, 2, 3, 4, 5, 6, 7]), torch.randn(8)) == 7
+
+
+# ----------------------------------------------------------------------------- decoding
+
+def test_generation_levels_lengths_prompt_and_forward_passes():
+    m = model()
+    calls = []
+    m.backbone.register_forward_hook(lambda mod, args, out: calls.append(tuple(args[0].shape)))
+    seen = record_passes(m)
+    req = request(prompt_frames=10, target_frames=23)
+    gen = m.generate(req, torch.Generator().manual_seed(0), steps=4)
+    # 3 levels x 4 steps, one backbone call each; CFG doubles the batch, not the calls
+    assert gen.forward_passes == 12 == len(calls) == len(seen)
+    assert all(shape[0] == 2 for shape in calls)
+    assert gen.speech.shape == (23,) and int(gen.speech.min()) >= 0 and int(gen.speech.max()) < 12
+    # the 10-frame prompt is cut to its last 8 frames (a multiple of 4): levels of 2 / 4 / 8 prompt
+    # tokens then 6 / 12 / 23 target tokens (= ceil(31 / 4), ceil(31 / 2), 31 with the prompt)
+    prompt = req.prompt_speech[2:]
+    P = 3 + 4  # prompt phonemes + text phonemes
+    assert gen.info["level_lengths"] == [8, 16, 31] == level_lengths(31, 3)
+    prompt_levels = decimated_levels(prompt.numpy(), 3)
+    for i, rec in enumerate(seen):
+        level = i // 4 + 1
+        assert rec["input_ids"].shape == (2, P + [8, 16, 31][level - 1])
+        assert rec["drop"].tolist() == [False, True] and bool((rec["level"] == level).all())
+        # the prompt prefix is never masked
+        n_prompt = len(prompt_levels[level - 1])
+        prompt_ids = VOCAB.speech(torch.from_numpy(prompt_levels[level - 1]))
+        assert rec["input_ids"][0, P:P + n_prompt].tolist() == prompt_ids.tolist()
+        # every target token starts masked at a level's first step, none is masked after its last
+        if i % 4 == 0:
+            assert bool((rec["input_ids"][0, P + n_prompt:] == MASK).all())
+    # level 1 has no previous level; the prompt part of level l+1's previous level is the decimated
+    # prompt of level l, each token twice (level l's output conditions level l+1: next test)
+    assert bool((seen[0]["previous"] == 0).all())
+    level2_previous = seen[4]["previous"][0, P:] - 1
+    level3_previous = seen[8]["previous"][0, P:] - 1
+    assert level2_previous[:4].tolist() == np.repeat(prompt_levels[0], 2).tolist()
+    assert level3_previous[:8].tolist() == np.repeat(prompt_levels[1], 2).tolist()
+    assert bool((level2_previous >= 0).all()) and bool((level3_previous >= 0).all())
+    # the finest level's output (after the prompt) is the generation
+    last = seen[-1]["input_ids"][0, P + 8:]
+    assert bool(((last == MASK) | (VOCAB.speech_codes(last) == gen.speech)).all())
+
+
+def test_level_three_conditions_on_level_two_output():
+    m = model()
+    seen = record_passes(m)
+    gen = m.generate(request(prompt_frames=0, target_frames=21), torch.Generator().manual_seed(3), steps=3)
+    assert gen.info["level_lengths"] == [6, 11, 21] and gen.forward_passes == 9
+    P = 7
+    # level 2's final tokens = level 2's last pass inputs with its last masks filled; the last pass of
+    # level 2 leaves no mask, so level 3's previous must agree with level 2's last input where unmasked
+    last_level2 = seen[5]["input_ids"][0, P:]
+    level3_previous = seen[6]["previous"][0, P:] - 1
+    stretched = torch.from_numpy(upsample(np.arange(11), 2, 21))
+    for j in range(21):
+        token = last_level2[stretched[j]]
+        if token != MASK:
+            assert int(level3_previous[j]) == int(VOCAB.speech_codes(token))
+
+
+def test_without_guidance_one_row_per_pass_and_same_count():
+    m = model()
+    calls = []
+    m.backbone.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))
+    gen = m.generate(request(), torch.Generator().manual_seed(0), steps=5, guidance_start=0.0, guidance_end=0.0,
+                     noise_start=0.0)
+    assert gen.forward_passes == 15 and calls == [1] * 15
+
+
+@pytest.mark.parametrize("levels,lengths", [(1, [27]), (2, [14, 27])])
+def test_level_ablation_same_code_path(levels, lengths):
+    m = model(levels=levels)
+    gen = m.generate(request(prompt_frames=4, target_frames=27), torch.Generator().manual_seed(0), steps=3)
+    assert gen.forward_passes == 3 * levels and gen.speech.shape == (27,)
+    F = 2 ** (levels - 1)
+    assert gen.info["prompt_frames_used"] == F * (4 // F)
+    assert gen.info["level_lengths"] == level_lengths(gen.info["prompt_frames_used"] + 27, levels)
+    examples(m, 5)  # trains with the same layout
+
+
+def test_generation_is_reproducible_and_uses_the_length_options():
+    m = model()
+    req = request(target_frames=None, P_text=6, P_prompt=3, prompt_frames=12)
+    a = m.generate(req, torch.Generator().manual_seed(7), steps=2)
+    b = m.generate(req, torch.Generator().manual_seed(7), steps=2)
+    assert torch.equal(a.speech, b.speech)
+    # fresh predictor: one frame per text phoneme
+    assert (a.info["length_from"], a.info["target_frames"], a.info["duration_passes"]) == ("predictor", 6, 1)
+    c = m.generate(req, torch.Generator().manual_seed(7), steps=2, length="prompt_rate")
+    assert (c.info["length_from"], c.info["target_frames"]) == ("prompt_rate", round(12 * 6 / 3))
+    with pytest.raises(ValueError, match="unknown options"):
+        m.generate(req, torch.Generator(), stepz=2)
+
+
+def test_speaker_only_mode_ignores_the_prompt_tokens():
+    m = model(speech_prompt=False)
+    seen = record_passes(m)
+    gen = m.generate(request(prompt_frames=12, target_frames=10), torch.Generator().manual_seed(0), steps=2)
+    assert gen.info["level_lengths"] == [3, 5, 10] and gen.info["prompt_frames_used"] == 0
+    assert seen[0]["input_ids"].shape[1] == 4 + 3  # text phonemes only
+    assert bool((seen[0]["input_ids"][0, 4:] == MASK).all())
+
+
+def test_trim_prompt_keeps_the_end():
+    assert trim_prompt(torch.arange(10), 4).tolist() == list(range(2, 10))
+    assert trim_prompt(torch.arange(3), 4).tolist() == []
+
+
+def test_missing_or_bad_features_are_clear_errors():
+    m = model()
+    bare = Utterance("spk00_0000", "spk00", torch.tensor([1]), torch.arange(8) % 12)
+    with pytest.raises(ValueError, match="cod-features"):
+        m.training_example(bare, torch.Generator())
+    bad = utterance()
+    bad.features["phonemes"] = torch.tensor([3, 16])
+    with pytest.raises(ValueError, match="n_phonemes"):
+        m.training_example(bad, torch.Generator())
+    bad = utterance()
+    bad.features["speaker"] = torch.zeros(5)
+    with pytest.raises(ValueError, match="speaker_dim"):
+        m.training_example(bad, torch.Generator())
+    req = SynthesisRequest(torch.tensor([1]), torch.tensor([2]), torch.arange(4))
+    with pytest.raises(ValueError, match="prepare_request"):
+        m.generate(req, torch.Generator(), steps=1)
+
+
+def test_prepare_request_fills_phonemes_and_speaker():
+    from arnar.text.phonemes import PhonemeTokenizer
+
+    class FixedEncoder:  # stands in for resemblyzer: the test is about the plumbing
+        name, dim = "fixed", 8
+
+        def embed(self, audio, sample_rate):
+            assert len(audio) == 1 and sample_rate == 16000
+            return np.full((1, 8), float(len(audio[0])), dtype=np.float32)
+
+    m = model(n_phonemes=64)
+    m._speaker_encoder_cache = FixedEncoder()
+    req = SynthesisRequest(torch.tensor([1]), torch.tensor([2]), torch.arange(8) % 12)
+    out = m.prepare_request(req, text="Their son said grace.", prompt_text="A plan.",
+                            prompt_audio=np.zeros(1600, np.float32), sample_rate=16000)
+    tokenizer = PhonemeTokenizer()
+    assert out.features["phonemes"].tolist() == tokenizer.encode("Their son said grace.")
+    assert out.features["prompt_phonemes"].tolist() == tokenizer.encode("A plan.")
+    assert out.features["speaker"].tolist() == [1600.0] * 8
+    assert torch.equal(out.prompt_speech, req.prompt_speech)
+    gen = m.generate(out, torch.Generator().manual_seed(0), steps=1)
+    assert gen.info["length_from"] == "predictor"
+    with pytest.raises(ValueError, match="n_phonemes"):  # 43 phoneme ids do not fit 16 rows
+        model().prepare_request(req, text="a", prompt_text="b", prompt_audio=np.zeros(10, np.float32),
+                                sample_rate=16000)
+
+
+# ----------------------------------------------------------------------------- configs
+
+@pytest.mark.parametrize("name,levels", [("cod", 3), ("cod_l2", 2), ("cod_l1", 1)])
+def test_paradigm_configs_build(name, levels):
+    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    options = OmegaConf.to_container(cfg.options)
+    assert cfg.name == "cod" and options["levels"] == levels
+    assert options["level_probs"] == pytest.approx(default_level_probs(levels))
+    m = build_paradigm("cod", VOCAB, TINY, **{**options, "duration_dim": 16, "duration_layers": 1})
+    assert m.n_levels == levels and m.speaker_dim == 256
+
+
+# ----------------------------------------------------------------------------- features on smoke data
+
+needs_smoke = pytest.mark.skipif(not (SMOKE / "manifests" / "dev_cuts.jsonl").is_file()
+                                 or not (SMOKE / "tokens" / "offline_rvq" / "dev").is_dir(),
+                                 reason="needs the smoke data (data/smoke: manifests, tokenizers, offline_rvq tokens)")
+
+
+@needs_smoke
+def test_features_builder_on_smoke_data(tmp_path, monkeypatch):
+    from lhotse import load_manifest
+
+    from arnar.codec.shards import read_token_shards
+    from arnar.data.cod_features import build_features, main
+    from arnar.data.tts import load_utterances, read_features
+    from arnar.text.phonemes import PhonemeTokenizer
+
+    monkeypatch.chdir(ROOT)  # the manifests name audio relative to the repository root
+    cuts = SMOKE / "manifests" / "dev_cuts.jsonl"
+    phonemes = SMOKE / "tokenizers" / "phonemes.json"
+    out = tmp_path / "cod_dev.pt"
+    summary = build_features(cuts, out, phonemes=phonemes, progress=False)
+    table = read_features(out)
+    texts = {c.id: c.supervisions[0].text for c in load_manifest(cuts)}
+    assert sorted(table) == sorted(texts) and summary["utterances"] == len(texts)
+    tokenizer = PhonemeTokenizer.load(phonemes)
+    for utt_id, row in table.items():
+        assert row["phonemes"].dtype == torch.long and row["phonemes"].tolist() == tokenizer.encode(texts[utt_id])
+        assert row["speaker"].shape == (256,) and float(row["speaker"].norm()) == pytest.approx(1.0, abs=1e-4)
+    assert summary["phoneme_vocab_size"] == 43 and summary["speaker_dim"] == 256
+
+    # the engine's loader joins them with real offline_rvq tokens (durations at the tokens' 50 Hz)
+    tokens_dir = SMOKE / "tokens" / "offline_rvq" / "dev"
+    codes = read_token_shards(tokens_dir)
+    durations = tmp_path / "dev.jsonl"
+    durations.write_text("".join(json.dumps({"utt_id": u, "frame_rate": 50.0, "num_frames": int(c.shape[1]),
+                                             "bpe_ids": [1], "ends": [int(c.shape[1])]}) + "\n"
+                                 for u, c in codes.items()))
+    utterances = load_utterances(tokens_dir, durations, features=out)
+    assert utterances and all(set(u.features) == {"phonemes", "speaker"} for u in utterances)
+    speech_size = int(json.loads((tokens_dir / "manifest.json").read_text())["codec"]["codebook_size"])
+    m = build_paradigm("cod", Vocab(text_size=10, speech_size=speech_size), TINY, duration_dim=16, duration_layers=1)
+    batch = collate([m.training_example(u, torch.Generator().manual_seed(i)) for i, u in enumerate(utterances)])
+    assert torch.isfinite(m(batch).loss_sum)
+
+    # the CLI: a missing file is a one-line error naming it
+    assert main(["--cuts", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x.pt"), "--no-progress"]) == 2
+
+
+# ----------------------------------------------------------------------------- the DAC path
+
+def test_decimated_first_quantizer_of_a_small_dac_fits_the_paradigm(tmp_path):
+    pytest.importorskip("dac")
+    from arnar.codec import load_codec
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.script / weight_norm deprecations inside dac
+        from dac.model.dac import DAC
+
+        net = DAC(encoder_dim=16, encoder_rates=[2, 4, 5, 8], decoder_dim=64, decoder_rates=[8, 5, 4, 2],
+                  n_codebooks=4, codebook_size=256, codebook_dim=8, sample_rate=16000)
+    path = tmp_path / "dac_small.pth"
+    net.save(str(path), package=False)
+    full, first = load_codec("dac", model=path), load_codec("dac", model=path, n_codebooks=1)
+    t = np.arange(14880) / 16000  # 0.93 s -> ceil(14880 / 320) = 47 frames, not a multiple of 4
+    noise = np.random.default_rng(0).standard_normal(t.size)
+    audio = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * noise).astype(np.float32)
+    codes = full.encode([audio], 16000)[0]
+    T = codes.shape[1]
+    assert T == 47 and first.frame_rate == 50.0
+    # the first quantizer alone is the first row of the stack (RVQ: later codebooks refine, never change it)
+    assert np.array_equal(first.encode([audio], 16000)[0], codes[:1])
+    tiers = decimated_levels(codes, 3)
+    assert [len(x) for x in tiers] == level_lengths(T, 3) == [12, 24, 47]
+    assert np.array_equal(tiers[-1], codes[0]) and np.array_equal(tiers[0], codes[0, ::4])
+
+    vocab = Vocab(text_size=10, speech_size=first.codebook_size)
+    m = build_paradigm("cod", vocab, TINY, **SMALL).eval()
+    utt = utterance(T=T, speech=torch.from_numpy(codes[0]))
+    for level in (1, 2, 3):
+        e = build_paradigm("cod", vocab, TINY, **{**SMALL, "level_probs": [float(level == k) for k in (1, 2, 3)]}) \
+            .training_example(utt, torch.Generator().manual_seed(level))
+        assert len(e) - 5 == level_lengths(T, 3)[level - 1]
+    req = request(prompt_frames=0, target_frames=T)
+    gen = m.generate(req, torch.Generator().manual_seed(0), steps=2)
+    assert gen.speech.shape == (T,) and int(gen.speech.max()) < 256
+    decoded = first.decode([gen.speech.numpy()[None]])[0]
+    assert len(decoded) == T * 320

@@ -1,0 +1,128 @@
+# The training runs and evaluated systems of the paradigms (functions and tables only; the rules
+# are in train.smk). A paradigm named in training.paradigms is one or more *runs* (multi-stage
+# recipes chain runs with train.init_from) and one or more evaluated *systems* (a run plus
+# decoding options). RUNS and SYSTEMS_OF are the only place that knows the chaining.
+
+TRAIN = P["training"]
+# token sets: the single stream most paradigms model, and the acoustic stack CoD decimates
+TOKEN_SETS = {"offline": {"single": "offline", "stack": "offline_rvq"}, "s3": {"single": "s3", "stack": "dac"}}
+TOKEN_RATE = {"offline": 25, "s3": 25, "offline_rvq": 50, "dac": 86.13}  # frames per second
+
+# run -> Hydra paradigm config; `init_from`: the run it starts from; `reads`: runs it loads;
+# `options`: paradigm options that are paths ({runs}, {data}); `stack`: models the acoustic
+# stack's first quantizer; `features`: per-utterance inputs built by the cod_features rule
+RUNS = {
+    "ar": {"config": "ar"},
+    "nar": {"config": "nar"},
+    # SyncSpeech (syncspeech.txt 2.3): high-probability masked pre-training, then fine-tuning
+    "syncspeech_pretrain": {"config": "syncspeech_pretrain"},
+    "syncspeech": {"config": "syncspeech", "init_from": "syncspeech_pretrain"},
+    # PALLE (palle.txt 4.2): stage two is fine-tuned from stage one at ~1/9 of its learning rate
+    "palle_stage1": {"config": "palle_stage1"},
+    "palle": {"config": "palle_stage2", "init_from": "palle_stage1", "lr_scale": 1 / 9},
+    # DELTA-TTS converts the trained AR baseline (delta_tts.txt 3)
+    "delta": {"config": "delta", "reads": ["ar"],
+              "options": {"ar_run": "{runs}/ar", "bpe_model": "{data}/tokenizers/bpe.model"}},
+    # Chain-of-Details models the first quantizer of the acoustic stack, temporal levels by decimation
+    "cod": {"config": "cod", "stack": True, "features": True,
+            "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
+}
+# paradigm named in params.yaml -> evaluated systems: system -> (run, decoding options)
+SYSTEMS_OF = {
+    "ar": {"ar": ("ar", {})},
+    "nar": {"nar": ("nar", {})},
+    "syncspeech": {"syncspeech": ("syncspeech", {})},
+    "palle": {"palle_stage1": ("palle", {"refine_steps": 0}), "palle": ("palle", {})},
+    "delta": {"delta": ("delta", {})},
+    "cod": {"cod": ("cod", {})},
+}
+PARADIGM_SYSTEMS = {s: run for p in TRAIN["paradigms"] for s, run in SYSTEMS_OF[p].items()}
+PARADIGMS = list(PARADIGM_SYSTEMS)  # evaluated systems of the paradigms (rows of the tables)
+
+
+def runs_needed(run):
+    """Runs that must be finished before ``run`` starts."""
+    spec = RUNS[run]
+    return ([spec["init_from"]] if "init_from" in spec else []) + spec.get("reads", [])
+
+
+def all_runs():
+    runs = []
+    for run, _ in PARADIGM_SYSTEMS.values():
+        for needed in [run] + runs_needed(run):
+            if needed not in runs:
+                runs.append(needed)
+    return runs
+
+
+ALL_RUNS = all_runs()
+
+
+def run_dir(run):
+    return f"{DATA}/runs/{run}"
+
+
+def run_token_set(run):
+    return TOKEN_SETS[TRAIN["token_set"]]["stack" if RUNS[run].get("stack") else "single"]
+
+
+def run_tokens(run, split):
+    return f"{DATA}/tokens/{run_token_set(run)}/{split}/manifest.json"
+
+
+def run_durations(run, split):
+    return f"{DATA}/align/durations_{TOKEN_RATE[run_token_set(run)]}hz/{split}.jsonl"
+
+
+def run_features(run, split):
+    return [f"{DATA}/features/cod_{split}.pt"] if RUNS[run].get("features") else []
+
+
+def run_inputs(wildcards):
+    run = wildcards.run
+    return {
+        "tokens": run_tokens(run, "train"), "durations": run_durations(run, "train"),
+        "dev_tokens": run_tokens(run, "dev"), "dev_durations": run_durations(run, "dev"),
+        "features": run_features(run, "train"), "dev_features": run_features(run, "dev"),
+        "before": [f"{run_dir(r)}/final.pt" for r in runs_needed(run)],
+    }
+
+
+def recipe_lr_override(run):
+    """Fine-tuning stages train at a fraction of the recipe's learning rate."""
+    scale = RUNS[run].get("lr_scale")
+    if scale is None:
+        return []
+    from arnar.train import compose_config
+
+    lr = float(compose_config([f"train={TRAIN['recipe']}"]).train.lr)
+    return [f"train.lr={lr * scale:.3g}"]
+
+
+def hydra_overrides(wildcards, input):
+    run = wildcards.run
+    spec = RUNS[run]
+    overrides = [f"paradigm={spec['config']}", f"model={TRAIN['model']}", f"train={TRAIN['recipe']}",
+                 f"train.seed={P['seed']}"]
+    if "init_from" in spec:
+        overrides.append(f"train.init_from={run_dir(spec['init_from'])}")
+    for key, value in spec.get("options", {}).items():
+        overrides.append(f"paradigm.options.{key}={value.format(runs=f'{DATA}/runs', data=DATA)}")
+    if input.features:
+        overrides += [f"data.features={input.features[0]}", f"data.dev_features={input.dev_features[0]}"]
+    return " ".join(overrides + recipe_lr_override(run) + TRAIN["overrides"].get(run, []))
+
+
+def system_codec(wildcards, input):
+    """The codec a system's tokens decode with (the acoustic stack: first quantizer only)."""
+    token_set = run_token_set(PARADIGM_SYSTEMS[wildcards.system][0])
+    return f"--codec {token_set}" + (f" --codec-model {input.codec}" if input.codec else "")
+
+
+def system_codec_model(wildcards):
+    return codec_model(run_token_set(PARADIGM_SYSTEMS[wildcards.system][0]))
+
+
+def system_decoding(wildcards):
+    options = {**PARADIGM_SYSTEMS[wildcards.system][1], **TRAIN["decoding"].get(wildcards.system, {})}
+    return json.dumps(options, sort_keys=True)
