@@ -33,6 +33,7 @@ from arnar.paradigms.base import SynthesisRequest
 log = logging.getLogger("arnar.synthesize")
 # codecs whose tokens are a residual stack: single-stream paradigms (CoD) model its first quantizer
 MULTI_CODEBOOK = {"offline_rvq", "dac"}
+FIRST_PACKET_TOKENS = 15  # the decoder's chunk size at paper scale (syncspeech.txt 3.1), unless a paradigm says
 
 
 def item_seed(seed: int, item_id: str) -> int:
@@ -101,21 +102,33 @@ class Synthesizer:
         generation = self.model.generate(request, generator, **self.decoding)
         token_seconds = time.perf_counter() - token_start
         codes = generation.speech.cpu().numpy()[None].astype(np.int64)
-        if codes.shape[1] == 0:
-            audio = np.zeros(0, dtype=np.float32)
-        elif self._decode_takes_prompt_audio:
-            audio = self.codec.decode([codes], prompt_audio=[prompt])[0]
-        else:
-            audio = self.codec.decode([codes], prompt=[prompt_codes.numpy()[None]])[0]
+        # first-packet latency (FPL-A): until the first chunk of tokens exists (streaming paradigms
+        # say when; a non-streaming one after its last pass), plus decoding that chunk to audio
+        info = generation.info
+        chunk = int(info.get("chunk_size", FIRST_PACKET_TOKENS))
+        decode_start = time.perf_counter()
+        self._decode(codes[:, :chunk], prompt, prompt_codes)
+        fpl_a = float(info.get("first_packet_seconds", token_seconds)) + time.perf_counter() - decode_start
+        audio = self._decode(codes, prompt, prompt_codes)
         record = {
             "token_seconds": token_seconds,
             "total_seconds": time.perf_counter() - start,
             "forward_passes": generation.forward_passes,
             "generated_frames": int(codes.shape[1]),
+            "fpl_a": fpl_a,
+            # text tokens that had to arrive before the first packet (all of them unless streaming)
+            "text_tokens_waited": int(info.get("text_tokens_waited", len(request.text))),
             **({"first_packet_passes": generation.first_packet_passes} if generation.first_packet_passes else {}),
-            **{k: v for k, v in generation.info.items() if isinstance(v, (int, float, str, bool))},
+            **{k: v for k, v in info.items() if isinstance(v, (int, float, str, bool)) and k != "text_tokens_waited"},
         }
         return np.asarray(audio, dtype=np.float32), record
+
+    def _decode(self, codes: np.ndarray, prompt: np.ndarray, prompt_codes: torch.Tensor) -> np.ndarray:
+        if codes.shape[1] == 0:
+            return np.zeros(0, dtype=np.float32)
+        if self._decode_takes_prompt_audio:  # the voice from the prompt audio (offline codec)
+            return self.codec.decode([codes], prompt_audio=[prompt])[0]
+        return self.codec.decode([codes], prompt=[prompt_codes.numpy()[None]])[0]
 
 
 def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,

@@ -17,6 +17,7 @@ is sampled, bounded by ``min_ratio`` / ``max_ratio`` speech tokens per target te
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from arnar.paradigms.base import (
 )
 
 DECODING = {"temperature": 1.0, "top_k": 25, "top_p": 0.8, "ras_window": 10, "ras_ratio": 0.1,
-            "min_ratio": 2.0, "max_ratio": 20.0}
+            "min_ratio": 2.0, "max_ratio": 20.0, "chunk_size": 15}
 
 
 def ar_sequence(vocab, text: torch.Tensor, speech: torch.Tensor) -> torch.Tensor:
@@ -83,6 +84,8 @@ class AR(Paradigm):
         no_eos = allowed.clone()
         no_eos[EOS] = False
 
+        started = time.perf_counter()
+        first_packet_seconds = None  # an AR model can stream: the first chunk exists after chunk_size tokens
         cache = KVCache()
         logits = self.logits(prefix[None], torch.arange(len(prefix), device=device)[None], cache=cache)[:, -1]
         passes, generated = 1, []
@@ -96,11 +99,16 @@ class AR(Paradigm):
             if token == EOS:
                 break
             generated.append(token)
+            if len(generated) == opts["chunk_size"]:
+                first_packet_seconds = time.perf_counter() - started
             if len(generated) >= max_len:
                 break
             position = torch.tensor([[len(prefix) + len(generated) - 1]], device=device)
             logits = self.logits(ids[None], position, cache=cache)[:, -1]
             passes += 1
         speech = self.vocab.speech_codes(torch.tensor(generated, dtype=torch.long))
-        return Generation(speech, forward_passes=passes, first_packet_passes=None,
-                          info={"stopped_by_eos": token == EOS})
+        if first_packet_seconds is None:  # shorter than one chunk: the packet is the whole utterance
+            first_packet_seconds = time.perf_counter() - started
+        return Generation(speech, forward_passes=passes, first_packet_passes=min(passes, int(opts["chunk_size"])),
+                          info={"stopped_by_eos": token == EOS, "first_packet_seconds": first_packet_seconds,
+                                "chunk_size": int(opts["chunk_size"]), "text_tokens_waited": len(request.text)})
