@@ -153,12 +153,42 @@ def test_evaluation_and_report(smoke):
     separation = audit["sim"]["same_vs_different_speaker"]
     assert separation["same_mean"] > separation["different_mean"] and separation["auc"] > 0.9
     metrics = json.loads((results / "metrics.json").read_text())
-    # smoke trains a tiny offline codec: its two resynthesis rows follow the ground truth
-    assert set(metrics) == {"ground_truth", "resynth_offline", "resynth_offline_rvq", "ground_truth_audit"}
+    # smoke trains a tiny offline codec (two resynthesis rows) and every paradigm (seven systems)
+    assert set(metrics) == {"ground_truth", "resynth_offline", "resynth_offline_rvq", *SYSTEMS, "ground_truth_audit"}
     table = (results / "report/comparison.md").read_text()
     assert "| ground_truth |" in table and "WER-P corpus" in table
+    assert "### Training" in table and re.search(r"\| nar \| nar \| 0\.\d\dM \| 2 x 32 \| 30 \|", table)
     for plot in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png"):
         assert (results / "report/plots" / plot).stat().st_size > 10_000
+
+
+SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "cod"]
+RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod"]
+
+
+def test_paradigms_train_and_speak_every_item(smoke):
+    """The training phase: every run finished (multi-stage runs chained), and every system spoke
+    every test item with its forward passes counted and its first-packet latency measured."""
+    for run in RUNS:
+        summary = json.loads((smoke / f"results/smoke/train/{run}.json").read_text())
+        assert summary["finished"] and summary["steps"] == 30, run
+        assert (smoke / f"data/smoke/runs/{run}/final.pt").exists()
+    assert "initialised from data/smoke/runs/palle_stage1/final.pt" in (smoke / "logs/smoke/train_palle.log").read_text()
+    for system in SYSTEMS:
+        for task in ("continuation", "cross_sentence"):
+            folder = smoke / f"data/smoke/systems/{system}/{task}"
+            timing = [json.loads(line) for line in (folder / "timing.jsonl").read_text().splitlines()]
+            assert len(timing) == 6 and len(list(folder.glob("*.wav"))) == 6
+            for record in timing:
+                assert record["fpl_a"] > 0 and record["forward_passes"] >= 1
+                if system == "nar":
+                    assert record["forward_passes"] == 16  # its MaskGIT steps
+                if system == "ar":  # one pass per generated token (+1 when it stopped at <eos>)
+                    assert record["forward_passes"] in (record["generated_frames"], record["generated_frames"] + 1)
+                if system == "palle_stage1":
+                    assert record["refine_passes"] == 0
+        evaluation = json.loads((smoke / f"results/smoke/eval/{system}/cross_sentence.json").read_text())
+        assert evaluation["speed"]["fpl_l"] > evaluation["speed"]["fpl_a"]
 
 
 CHROMIUM_FLAGS = [
@@ -176,8 +206,8 @@ def test_html_report_renders_with_working_audio(smoke, tmp_path):
     result = run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
                   page.as_uri()], tmp_path, timeout=120)
     players = re.findall(r"<audio[^>]*>", result.stdout)
-    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows)
-    assert len(players) == 16
+    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + 7 paradigm systems)
+    assert len(players) == 44
     assert all('data-state="loaded"' in p for p in players), players
     assert "<h1>arnar report" in result.stdout
 
