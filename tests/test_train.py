@@ -35,6 +35,7 @@ from arnar.paradigms.base import collate  # noqa: E402
 from arnar.train import (  # noqa: E402
     TrainError,
     build_optimizer,
+    checkpoint_path,
     compose_config,
     learning_rate,
     load_model,
@@ -393,3 +394,23 @@ def test_checkpoint_of_another_model_is_refused_and_a_fresh_start_clears(data, t
     assert cfg.model.n_layers == 1 and len(model.backbone.layers) == 1
     with pytest.raises(TrainError, match="step_9.pt"):
         load_model(tmp_path, 9)
+
+
+def test_best_dev_weights_are_kept_and_used(data, tmp_path):
+    """Small corpora overfit: best.pt holds the weights of the lowest dev loss, and checkpoint
+    "best" (synthesis, later stages) loads them; without dev data "best" falls back to final.pt."""
+    overrides = ["paradigm=ar", "train.max_steps=8", "train.warmup_steps=1", "train.lr=0.05", "train.max_tokens=200",
+                 "train.eval_every=2", "train.ckpt_every=0", "train.log_every=1"]
+    run_dir = tmp_path / "best"
+    summary = run_train(data, run_dir, overrides, dev_tokens=data["dev_tokens"], dev_durations=data["dev_durations"])
+    dev = dict(logged(run_dir, "dev/loss"))
+    assert sorted(dev) == [2, 4, 6, 8]
+    best_step = min(dev, key=dev.get)
+    assert summary["best_step"] == best_step and summary["best_dev_loss"] == dev[best_step]
+    best = torch.load(run_dir / "best.pt", weights_only=False)
+    assert best["step"] == best_step
+    model, _ = load_model(run_dir, "best")
+    assert all(torch.equal(model.state_dict()[k], best["model"][k]) for k in best["model"])
+    plain = run_train(data, tmp_path / "no_dev", overrides)
+    assert plain["best_step"] is None and not (tmp_path / "no_dev" / "best.pt").exists()
+    assert checkpoint_path(tmp_path / "no_dev", "best") == tmp_path / "no_dev" / "final.pt"

@@ -426,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("synthesize", help="speak text (or a whole test list) with a trained paradigm")
     p.add_argument("--run-dir", required=True, help="a training run (data/<profile>/runs/<paradigm>)")
-    p.add_argument("--checkpoint", default="final", help="final (default), last, or step_<N>")
+    p.add_argument("--checkpoint", default="best", help="best (lowest dev loss; the default), final, last, or step_<N>")
     p.add_argument("--codec", required=True, help="the token set the run was trained on (offline, s3)")
     p.add_argument("--codec-model", help="folder of a trained codec (the offline codec)")
     p.add_argument("--bpe", required=True, help="the BPE model of the corpus")

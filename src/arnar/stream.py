@@ -212,7 +212,7 @@ def _write_wav(path: Path, audio: np.ndarray, rate: int) -> None:
 def build_parser(prog: str = "arnar stream") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--run-dir", required=True, help="a SyncSpeech training run")
-    p.add_argument("--checkpoint", default="final", help="final (default), last, or step_<N>")
+    p.add_argument("--checkpoint", default="best", help="best (lowest dev loss; the default), final, last, or step_<N>")
     p.add_argument("--codec", required=True, help="the token set the run was trained on (offline, s3)")
     p.add_argument("--codec-model", help="folder of a trained codec (the offline codec)")
     p.add_argument("--bpe", required=True, help="the BPE model of the corpus")

@@ -53,7 +53,7 @@ class Synthesizer:
     """A trained paradigm plus the codec and BPE model it was trained with."""
 
     def __init__(self, run_dir: str | os.PathLike, *, codec: str, codec_model: str | None, bpe_model: str | os.PathLike,
-                 device: str = "cpu", decoding: dict[str, Any] | None = None, checkpoint: str = "final"):
+                 device: str = "cpu", decoding: dict[str, Any] | None = None, checkpoint: str = "best"):
         from arnar.codec import load_codec
         from arnar.text.bpe import BpeTokenizer
         from arnar.train import load_model

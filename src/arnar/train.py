@@ -355,6 +355,8 @@ def checkpoint_path(run_dir: str | os.PathLike, checkpoint: str | int = "last") 
         return Path(name)
     if name == "final":
         return run_dir / "final.pt"
+    if name == "best":  # the lowest dev loss of the run; a run without dev data has only final.pt
+        return run_dir / "best.pt" if (run_dir / "best.pt").is_file() else run_dir / "final.pt"
     if name == "last":
         return run_dir / "checkpoints" / "last.pt"
     if name.isdigit():
@@ -433,8 +435,8 @@ class _Logger:
 def _clear_previous_run(run_dir: Path) -> None:
     """A run starting from step 0 removes what an earlier run left in its folder: its step_N.pt
     files would otherwise be counted among the newest to keep, its logs would mix with ours."""
-    for path in [*(run_dir / "checkpoints").glob("*.pt"), run_dir / "final.pt", run_dir / "train_summary.json",
-                 run_dir / "log.jsonl"]:
+    for path in [*(run_dir / "checkpoints").glob("*.pt"), run_dir / "final.pt", run_dir / "best.pt",
+                 run_dir / "train_summary.json", run_dir / "log.jsonl"]:
         path.unlink(missing_ok=True)
     shutil.rmtree(run_dir / "tb", ignore_errors=True)
 
@@ -453,8 +455,12 @@ class IncompatibleCheckpoint(TrainError):
     """A run folder's checkpoint was made with another model, data, vocabulary or token set."""
 
 
+# train settings that do not change what a run learns (a run resumed with other values is the same run)
+BOOKKEEPING = {"progress", "log_every", "ckpt_every", "keep_checkpoints", "device", "find_unused_parameters"}
+
+
 def _check_compatible(saved: dict[str, Any], cfg: DictConfig, vocab: Vocab, codec_hash: str | None, path: Path,
-                      warn: bool = True) -> None:
+                      warn: bool = True, strict: bool = False) -> None:
     current = OmegaConf.to_container(cfg, resolve=True)
     for section in ("paradigm", "model", "data"):
         if saved["config"].get(section) != current.get(section):
@@ -467,6 +473,9 @@ def _check_compatible(saved: dict[str, Any], cfg: DictConfig, vocab: Vocab, code
                          f"from codec {codec_hash}; use another run dir or --no-resume")
     changed = sorted(k for k in set(saved["config"]["train"]) | set(current["train"])
                      if saved["config"]["train"].get(k) != current["train"].get(k))
+    if strict and set(changed) - BOOKKEEPING:
+        raise IncompatibleCheckpoint(f"{path}: checkpoint of other train settings "
+                                     f"({', '.join(sorted(set(changed) - BOOKKEEPING))})")
     if changed and warn:
         log.warning("resuming %s with changed train settings: %s", path, ", ".join(changed))
 
@@ -482,10 +491,12 @@ class Progress:
     tokens_seen: int = 0
     recent_losses: list[float] = field(default_factory=list)
     dev_loss: float | None = None
+    best_dev_loss: float | None = None  # the weights of the lowest dev loss are kept as best.pt
+    best_step: int | None = None
 
 
 def _restore(path: Path, paradigm: Paradigm, optimizer: torch.optim.Optimizer, cfg: DictConfig, vocab: Vocab,
-             codec_hash: str | None, ctx: Distributed) -> Progress:
+             codec_hash: str | None, ctx: Distributed, strict: bool = False) -> Progress:
     """Load ``path`` into the model, the optimizer and this rank's RNGs; return the progress."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
@@ -493,7 +504,7 @@ def _restore(path: Path, paradigm: Paradigm, optimizer: torch.optim.Optimizer, c
         raise TrainError(f"{path}: unreadable checkpoint ({err}); delete it or use --no-resume") from err
     if not isinstance(saved, dict) or saved.get("format") != CHECKPOINT_FORMAT:
         raise TrainError(f"{path}: not an arnar training checkpoint")
-    _check_compatible(saved, cfg, vocab, codec_hash, path, warn=ctx.is_main)
+    _check_compatible(saved, cfg, vocab, codec_hash, path, warn=ctx.is_main, strict=strict)
     paradigm.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     done_global = int(saved["global_batches_in_epoch"])  # the position in the epoch, whatever the world size
@@ -508,7 +519,8 @@ def _restore(path: Path, paradigm: Paradigm, optimizer: torch.optim.Optimizer, c
     state = Progress(step=int(saved["step"]), epoch=int(saved["epoch"]),
                      batch_in_epoch=done_global // ctx.world_size, wall_time_s=float(saved["wall_time_s"]),
                      tokens_seen=int(saved["tokens_seen"]), recent_losses=list(saved["recent_losses"]),
-                     dev_loss=saved.get("dev_loss"))
+                     dev_loss=saved.get("dev_loss"), best_dev_loss=saved.get("best_dev_loss"),
+                     best_step=saved.get("best_step"))
     if ctx.is_main:
         log.info("resumed %s at step %d (epoch %d, batch %d)", path, state.step, state.epoch, state.batch_in_epoch)
     return state
@@ -519,7 +531,7 @@ def _init_from(paradigm: Paradigm, source: Path, vocab: Vocab, ctx: Distributed)
     after masked pre-training, PALLE stage two after stage one). The state dict must match
     exactly; a paradigm that derives more from the loaded weights (e.g. copying one network into
     another) does so in its ``after_init_from()``."""
-    path = checkpoint_path(source, "final")
+    path = checkpoint_path(source, "best")
     if not path.is_file():
         raise TrainError(f"train.init_from: {path} not found (train that run to the end first)")
     saved = torch.load(path, map_location="cpu", weights_only=False)
@@ -620,7 +632,8 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
     state = Progress()
     if resume and last_path.is_file():
         try:
-            state = _restore(last_path, paradigm, optimizer, cfg, vocab, codec_hash, ctx)
+            state = _restore(last_path, paradigm, optimizer, cfg, vocab, codec_hash, ctx,
+                             strict=resume == "if-compatible")
         except IncompatibleCheckpoint as err:
             if resume != "if-compatible":
                 raise
@@ -668,6 +681,20 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
             logger.write(state.step, {f"dev/{k}": v for k, v in result.items()})
         return result.get("loss")
 
+    def weights_record() -> dict[str, Any]:
+        return {"format": FINAL_FORMAT, "paradigm": str(cfg.paradigm.name), "vocab": vocab.to_dict(),
+                "config": OmegaConf.to_container(cfg, resolve=True), "model": paradigm.state_dict(),
+                "step": state.step}
+
+    def keep_if_best() -> None:
+        """Small corpora overfit within a few epochs: keep the weights of the lowest dev loss
+        (best.pt), which synthesis and later stages use (checkpoint "best")."""
+        if state.dev_loss is None or (state.best_dev_loss is not None and state.dev_loss >= state.best_dev_loss):
+            return
+        state.best_dev_loss, state.best_step = state.dev_loss, state.step
+        if ctx.is_main:
+            atomic_torch_save(weights_record(), run_dir / "best.pt")
+
     def save_checkpoint() -> None:
         rngs = _gather_objects(rng_state(), ctx.world_size)  # collective: every rank
         if ctx.is_main:
@@ -691,6 +718,8 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
                 "tokens_seen": state.tokens_seen,
                 "recent_losses": state.recent_losses,
                 "dev_loss": state.dev_loss,
+                "best_dev_loss": state.best_dev_loss,
+                "best_step": state.best_step,
             }, last_path)
             _keep_step_copy(last_path, state.step, int(tc.keep_checkpoints))
 
@@ -736,12 +765,14 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
             bar.update(1)
             if eval_every > 0 and state.step % eval_every == 0:
                 state.dev_loss, last_eval = run_dev(), state.step
+                keep_if_best()
             if ckpt_every > 0 and state.step % ckpt_every == 0:
                 save_checkpoint()
                 last_saved = state.step
         finished = state.step >= max_steps
         if finished and dev_sampler is not None and last_eval != state.step:
             state.dev_loss = run_dev()
+            keep_if_best()
         if last_saved != state.step:
             save_checkpoint()
     finally:
@@ -759,6 +790,8 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
         "parameters": n_params,
         "final_train_loss": float(np.mean(state.recent_losses)) if state.recent_losses else None,
         "final_dev_loss": state.dev_loss,
+        "best_dev_loss": state.best_dev_loss,
+        "best_step": state.best_step,
         "tokens_seen": state.tokens_seen,
         "tokens_per_s": round(state.tokens_seen / wall, 1) if wall > 0 else None,
         "world_size": ctx.world_size,
@@ -771,9 +804,7 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
     }
     if ctx.is_main:
         if finished:
-            atomic_torch_save({"format": FINAL_FORMAT, "paradigm": str(cfg.paradigm.name), "vocab": vocab.to_dict(),
-                               "config": OmegaConf.to_container(cfg, resolve=True), "model": paradigm.state_dict(),
-                               "step": state.step}, run_dir / "final.pt")
+            atomic_torch_save(weights_record(), run_dir / "final.pt")
         _atomic_write_text(run_dir / "train_summary.json", json.dumps(summary, indent=2) + "\n")
         log.info("trained %s: %d steps in %.0f s, train loss %.4f%s", summary["paradigm"], state.step, wall,
                  summary["final_train_loss"] or float("nan"),
@@ -796,7 +827,8 @@ def build_parser(prog: str = "arnar train") -> argparse.ArgumentParser:
     parser.add_argument("--dev-durations", help="BPE durations JSONL of the dev set")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if run-dir has a checkpoint")
     parser.add_argument("--resume-if-compatible", action="store_true",
-                        help="resume only a checkpoint of the same model, data and tokens; otherwise start afresh "
+                        help="resume only a checkpoint of the same model, data, tokens and train settings; otherwise "
+                             "start afresh "
                              "(the DAG's setting: a rerun with another config is a new run)")
     parser.add_argument("--stop-after", type=int, help="checkpoint and stop after this many updates")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")

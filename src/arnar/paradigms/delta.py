@@ -190,7 +190,7 @@ class DeltaTTS(Paradigm):
         if ar_run is not None:
             from arnar.train import load_model
 
-            ar_model, _ = load_model(ar_run, checkpoint="final")
+            ar_model, _ = load_model(ar_run, checkpoint="best")
             self.load_ar_weights(ar_model)
         else:
             log.info("delta: no ar_run given; the backbone is not a trained AR model until load_ar_weights()")
