@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from arnar.decode.sampling import restrict_logits, sample_tokens
+from arnar.decode.sampling import sample_tokens
 from arnar.decode.schedules import cosine_mask_ratio, masks_per_step, total_frames_estimate
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
@@ -90,29 +90,30 @@ class NAR(Paradigm):
         sequence = nar_sequence(self.vocab, text, request.prompt_speech, target, masked).to(device)
         start = len(sequence) - n_target
         positions = torch.arange(len(sequence), device=device)[None]
-        allowed = torch.zeros(self.vocab.size, dtype=torch.bool, device=device)
-        allowed[self.vocab.speech_offset:] = True
+        bidirectional = torch.ones(1, len(sequence), len(sequence), dtype=torch.bool, device=device)
+        speech_head = self.head.weight[self.vocab.speech_offset:]  # only speech codes are ever sampled
         steps = int(opts["steps"])
+        target = sequence[start:]  # a view: writing it updates the sequence
         masked = masked.to(device)
+        passes = 0
         for step, keep_masked in enumerate(masks_per_step(n_target, steps), start=1):
-            logits = self.logits(sequence[None], positions)[0, start:]  # bidirectional (all True)
-            ids, probs = sample_tokens(restrict_logits(logits, allowed), generator,
-                                       temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"])
-            # confidence of fresh predictions; committed tokens are never re-masked
+            hidden = self.backbone(self.embed(sequence[None]), positions, bidirectional)[0, start:]
+            passes += 1
+            rows = masked.nonzero().squeeze(-1)  # predict the masked positions only
+            codes, probs = sample_tokens(hidden[rows] @ speech_head.T, generator, temperature=opts["temperature"],
+                                         top_k=opts["top_k"], top_p=opts["top_p"])
+            target[rows] = codes + self.vocab.speech_offset
+            # re-mask the least confident fresh predictions; committed tokens are never re-masked.
+            # Confidence: log-probability plus Gumbel noise annealed to zero over the steps.
             annealing = opts["noise"] * (1.0 - step / steps)
-            gumbel = -torch.log(-torch.log(torch.rand(n_target, generator=generator).clamp_min(1e-20)))
+            gumbel = -torch.log(-torch.log(torch.rand(len(rows), generator=generator).clamp_min(1e-20)))
             confidence = torch.log(probs.clamp_min(1e-20)) + annealing * gumbel.to(device)
-            confidence = confidence.masked_fill(~masked, float("inf"))
-            target_ids = sequence[start:].clone()
-            target_ids[masked] = ids[masked]
-            still_masked = torch.zeros_like(masked)
+            masked = torch.zeros_like(masked)
             if keep_masked > 0:
-                still_masked[torch.topk(confidence, keep_masked, largest=False).indices] = True
-            target_ids[still_masked] = MASK
-            sequence[start:] = target_ids
-            masked = still_masked
+                masked[rows[torch.topk(confidence, keep_masked, largest=False).indices]] = True
+                target[masked] = MASK
         speech = self.vocab.speech_codes(sequence[start:].cpu())
-        return Generation(speech, forward_passes=steps, info={"target_frames": n_target,
+        return Generation(speech, forward_passes=passes, info={"target_frames": n_target,
                                                              "length_from": "given" if request.target_frames else "eq11"})
 
     def logits(self, input_ids, position_ids, attention_mask=None, cache=None, cond=None):
