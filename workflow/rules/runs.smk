@@ -85,6 +85,9 @@ def run_inputs(wildcards):
         "dev_tokens": run_tokens(run, "dev"), "dev_durations": run_durations(run, "dev"),
         "features": run_features(run, "train"), "dev_features": run_features(run, "dev"),
         "before": [f"{run_dir(r)}/final.pt" for r in runs_needed(run)],
+        # the Hydra files that define the run: editing one retrains it
+        "conf": [f"src/arnar/conf/paradigm/{RUNS[run]['config']}.yaml", f"src/arnar/conf/model/{TRAIN['model']}.yaml",
+                 f"src/arnar/conf/train/{TRAIN['recipe']}.yaml", "src/arnar/conf/config.yaml"],
     }
 
 
