@@ -176,6 +176,43 @@ def plot_systems(results: dict[str, dict[str, dict]], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str = "cross_sentence") -> bool:
+    """Quality against speed for every timed system (the DELTA steps Pareto of delta_tts.txt
+    Fig. 2, PALLE's one vs two stages): WER (corpus) over the token-stage RTF. Systems of one run
+    decoded with different settings (names sharing the run's prefix, e.g. delta, delta_steps4)
+    are joined by a line. Returns False when no system is timed."""
+    points = {}
+    for system, by_task in results.items():
+        r = by_task[task]
+        speed = r.get("speed") or {}
+        if speed.get("rtf_token_stage") is None:
+            continue
+        asr = next(iter(r["asr"].values()))
+        points[system] = (speed["rtf_token_stage"], asr["wer_corpus"], speed.get("forward_passes"))
+    if not points:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    families: dict[str, list[str]] = {}
+    for system in points:
+        families.setdefault(system.split("_")[0], []).append(system)
+    for family, members in families.items():
+        members = sorted(members, key=lambda m: points[m][0])
+        xs, ys = [points[m][0] for m in members], [points[m][1] for m in members]
+        ax.plot(xs, ys, "o-" if len(members) > 1 else "o", label=family)
+        for m in members:
+            passes = points[m][2]
+            ax.annotate(f"{m}" + (f" ({passes:.0f})" if passes else ""), (points[m][0], points[m][1]),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("RTF of the token stage (log scale; forward passes in brackets)")
+    ax.set_ylabel(f"WER corpus (%), {TASK_TITLES[task]}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot_audit(audit: dict, wer_path: Path, sim_path: Path) -> None:
     name, asr = next(iter(audit["asr"].items()))
     groups = asr["per_voice"] or asr["per_speaker"]
@@ -308,6 +345,8 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
     plot_systems(results, plots_dir / "systems.png")
     plot_audit(audit, plots_dir / "ground_truth_wer_per_voice.png", plots_dir / "sim_pairs.png")
     plots = [f"plots/{p}" for p in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png")]
+    if plot_wer_vs_rtf(results, plots_dir / "wer_vs_rtf.png"):
+        plots.append("plots/wer_vs_rtf.png")
 
     # Copy the sampled audio beside the page so the folder is self-contained (and DVC-trackable).
     audio_dir = out_dir / "audio"

@@ -33,7 +33,8 @@ SYSTEMS_OF = {
     "nar": {"nar": ("nar", {})},
     "syncspeech": {"syncspeech": ("syncspeech", {})},
     "palle": {"palle_stage1": ("palle", {"refine_steps": 0}), "palle": ("palle", {})},
-    "delta": {"delta": ("delta", {})},
+    # unmasking steps 16 (default), 8, 4: the steps Pareto of delta_tts.txt Fig. 2, no retraining
+    "delta": {"delta": ("delta", {}), "delta_steps8": ("delta", {"steps": 8}), "delta_steps4": ("delta", {"steps": 4})},
     "cod": {"cod": ("cod", {})},
 }
 PARADIGM_SYSTEMS = {s: run for p in TRAIN["paradigms"] for s, run in SYSTEMS_OF[p].items()}
