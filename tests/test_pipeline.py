@@ -153,17 +153,20 @@ def test_evaluation_and_report(smoke):
     separation = audit["sim"]["same_vs_different_speaker"]
     assert separation["same_mean"] > separation["different_mean"] and separation["auc"] > 0.9
     metrics = json.loads((results / "metrics.json").read_text())
-    # smoke trains a tiny offline codec (two resynthesis rows) and every paradigm (nine systems)
+    # smoke trains a tiny offline codec (two resynthesis rows) and every paradigm (eleven systems)
     assert set(metrics) == {"ground_truth", "resynth_offline", "resynth_offline_rvq", *SYSTEMS, "ground_truth_audit"}
     table = (results / "report/comparison.md").read_text()
     assert "| ground_truth |" in table and "WER-P corpus" in table
+    for ablation in ("Chain-of-Details: temporal levels", "DELTA-TTS: unmasking steps", "PALLE: stages"):
+        assert f"### {ablation}" in table
     assert "### Training" in table and re.search(r"\| nar \| nar \| 0\.\d\dM \| 2 x 32 \| 30 \|", table)
     for plot in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png", "wer_vs_rtf.png"):
         assert (results / "report/plots" / plot).stat().st_size > 10_000
 
 
-SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "delta_steps8", "delta_steps4", "cod"]
-RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod"]
+SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "delta_steps8", "delta_steps4", "cod",
+           "cod_l2", "cod_l1"]
+RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_l2", "cod_l1"]
 
 
 def test_paradigms_train_and_speak_every_item(smoke):
@@ -208,8 +211,8 @@ def test_html_report_renders_with_working_audio(smoke, tmp_path):
     result = run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
                   page.as_uri()], tmp_path, timeout=120)
     players = re.findall(r"<audio[^>]*>", result.stdout)
-    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + 9 paradigm systems)
-    assert len(players) == 52
+    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + 11 paradigm systems)
+    assert len(players) == 60
     assert all('data-state="loaded"' in p for p in players), players
     assert "<h1>arnar report" in result.stdout
 

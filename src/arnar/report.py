@@ -86,6 +86,43 @@ def comparison_table(results: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+# Ablations reported in their paper's own table: (title, paper table, [(system, setting), ...])
+ABLATION_TABLES = [
+    ("Chain-of-Details: temporal levels", "chain_of_details.txt Table IV", "Levels",
+     [("cod_l1", "1"), ("cod_l2", "2"), ("cod", "3")]),
+    ("DELTA-TTS: unmasking steps", "delta_tts.txt Fig. 2", "Steps",
+     [("delta_steps4", "4"), ("delta_steps8", "8"), ("delta", "16")]),
+    ("PALLE: stages", "palle.txt Table 3", "Stages",
+     [("palle_stage1", "PAR only"), ("palle", "PAR + refinement")]),
+]
+
+
+def ablation_tables(results: dict[str, dict[str, dict]]) -> str:
+    """Each ablation whose systems were all evaluated, in the shape of its paper's table: the
+    setting, then WER (corpus), SIM, token-stage RTF and forward passes per task."""
+    parts = []
+    for title, source, setting, rows in ABLATION_TABLES:
+        if not all(system in results for system, _ in rows):
+            continue
+        header = [setting, "System"]
+        for task in TASKS:
+            short = TASK_TITLES[task].split("-")[0][:5]
+            header += [f"{short} WER ↓", f"{short} SIM ↑", f"{short} RTF ↓", f"{short} passes"]
+        lines = [f"### {title} ({source})", "", "| " + " | ".join(header) + " |",
+                 "|" + "---|" * len(header)]
+        for system, value in rows:
+            cells = [value, system]
+            for task in TASKS:
+                r = results[system][task]
+                asr = next(iter(r["asr"].values()))
+                speed = r.get("speed") or {}
+                cells += [_fmt(asr["wer_corpus"]), _fmt(r["sim"]["mean"], 3), _fmt(speed.get("rtf_token_stage"), 3),
+                          _fmt(speed.get("forward_passes"), 1)]
+            lines.append("| " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
 def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
     """Model size and training budget of every trained system (DESIGN.md section 6: a comparison
     states sizes and steps), from the engine's summaries ``<train_dir>/<system>.json``."""
@@ -331,9 +368,9 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
     results = load_results(eval_dir, systems)
     audit = json.loads((eval_dir / "ground_truth_audit.json").read_text(encoding="utf-8"))
     tables_md = comparison_table(results)
-    training_md = training_table(train_dir, systems)
-    if training_md:
-        tables_md = f"{tables_md}\n{training_md}"
+    for extra in (ablation_tables(results), training_table(train_dir, systems)):
+        if extra:
+            tables_md = f"{tables_md}\n{extra}"
     audit_md = audit_table(audit)
     _atomic_text(out_dir / "comparison.md", f"# Comparison — profile {profile}\n\n{tables_md}")
     _atomic_text(out_dir / "ground_truth_audit.md", f"# Ground-truth audit — profile {profile}\n\n{audit_md}")

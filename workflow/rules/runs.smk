@@ -26,6 +26,11 @@ RUNS = {
     # Chain-of-Details models the first quantizer of the acoustic stack, temporal levels by decimation
     "cod": {"config": "cod", "stack": True, "features": True,
             "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
+    # ablation: CoD with 2 and 1 temporal levels (chain_of_details.txt Table IV)
+    "cod_l2": {"config": "cod_l2", "stack": True, "features": True,
+               "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
+    "cod_l1": {"config": "cod_l1", "stack": True, "features": True,
+               "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
 }
 # paradigm named in params.yaml -> evaluated systems: system -> (run, decoding options)
 SYSTEMS_OF = {
@@ -37,7 +42,17 @@ SYSTEMS_OF = {
     "delta": {"delta": ("delta", {}), "delta_steps8": ("delta", {"steps": 8}), "delta_steps4": ("delta", {"steps": 4})},
     "cod": {"cod": ("cod", {})},
 }
+# ablations named in training.ablations -> (the paradigm they vary, their extra systems)
+ABLATIONS = {
+    "cod_levels": ("cod", {"cod_l2": ("cod_l2", {}), "cod_l1": ("cod_l1", {})}),
+}
 PARADIGM_SYSTEMS = {s: run for p in TRAIN["paradigms"] for s, run in SYSTEMS_OF[p].items()}
+for _ablation in TRAIN["ablations"]:
+    _paradigm, _systems = ABLATIONS[_ablation]
+    if _paradigm not in TRAIN["paradigms"]:
+        raise WorkflowError(f"params.yaml: training.ablations lists {_ablation!r}, which varies paradigm "
+                            f"{_paradigm!r}: add it to training.paradigms")
+    PARADIGM_SYSTEMS.update(_systems)
 PARADIGMS = list(PARADIGM_SYSTEMS)  # evaluated systems of the paradigms (rows of the tables)
 
 
