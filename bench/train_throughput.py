@@ -28,6 +28,9 @@ from arnar.paradigms import build_paradigm
 from arnar.paradigms.base import Utterance, Vocab, collate
 from arnar.train import build_optimizer, compose_config
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_speed import replace_section  # noqa: E402  (the shared results/bench.md writer)
+
 DEFAULT_PARADIGMS = ["ar", "nar", "syncspeech", "palle_stage1", "delta", "cod"]
 
 
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="results/bench/train_throughput.json")
+    parser.add_argument("--markdown", default="results/bench.md", help="Markdown file whose section gets the table")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     vocab = Vocab(text_size=1000, speech_size=512)
@@ -113,6 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "results": rows}, indent=2) + "\n")
+    if args.markdown:
+        lines = [f"## Training throughput: model {args.model}, CPU, {args.threads} threads (bench/train_throughput.py)", "",
+                 f"Batch {args.batch} x ({args.frames} frames + {args.text} BPE), one AdamW update per measurement, "
+                 f"median of {args.repeats} interleaved repeats.", "",
+                 "| paradigm | parameters | trainable | s / update | tokens / s | utterances / s | utterances / s vs AR |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, r in rows.items():
+            lines.append(f"| {name} | {r['parameters'] / 1e6:.2f}M | {r['trainable_parameters'] / 1e6:.2f}M | "
+                         f"{r['seconds_per_update']:.3f} | {r['tokens_per_s']:.0f} | {r['utterances_per_s']:.1f} | "
+                         f"{r['utterances_per_s_vs_ar']:.2f} |")
+        replace_section(Path(args.markdown), "train_throughput", "\n".join(lines))
     return 0
 
 
