@@ -298,25 +298,40 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
     """A trained paradigm speaks a frozen test list (or one sentence) through the codec."""
     import soundfile as sf
 
-    from arnar.evaluate.audio import load_mono
-    from arnar.synthesize import Synthesizer, synthesize_testlist
+    from arnar.synthesize import SynthesisInputError, Synthesizer, synthesize_testlist
 
+    # bad flags are refused before the model loads; text and prompt limits: arnar.synthesize
     try:
         decoding = json.loads(args.decoding)
     except json.JSONDecodeError as err:
-        raise ValueError(f"--decoding: not JSON ({err})") from None
+        raise SynthesisInputError(f"--decoding: not JSON ({err})") from None
+    if not isinstance(decoding, dict):
+        raise SynthesisInputError(f"--decoding: expected a JSON object of options, got {args.decoding!r}")
+    if args.testlist:
+        if not (args.prompts and args.out):
+            raise SynthesisInputError("--testlist needs --prompts and --out")
+    else:
+        # presence, not truth: an empty --text is given, and refused below as empty text by name
+        missing = [flag for flag, value in (("--text", args.text), ("--prompt-wav", args.prompt_wav),
+                                            ("--prompt-text", args.prompt_text), ("--out", args.out)) if value is None]
+        if missing:
+            raise SynthesisInputError(f"give either --testlist, or --text, --prompt-wav, --prompt-text and --out "
+                                      f"(a .wav path); missing: {' '.join(missing)}")
+        if not Path(args.out).parent.is_dir():
+            raise SynthesisInputError(f"--out {args.out}: no such folder {Path(args.out).parent}")
     synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
                         device=args.device, decoding=decoding, checkpoint=args.checkpoint)
     if args.testlist:
-        if not (args.prompts and args.out):
-            raise ValueError("--testlist needs --prompts and --out")
         synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed)
         return
-    if not (args.text and args.prompt_wav and args.prompt_text and args.out):
-        raise ValueError("give either --testlist, or --text, --prompt-wav, --prompt-text and --out (a .wav path)")
-    prompt, rate = load_mono(Path(args.prompt_wav))
+    synth.text_ids(args.text, "--text")  # the text's errors before the prompt is read
+    synth.text_ids(args.prompt_text, "--prompt-text")
+    prompt, rate = synth.read_prompt(args.prompt_wav)
     audio, record = synth.synthesize(args.text, prompt, args.prompt_text, rate, seed=args.seed)
-    sf.write(args.out, audio, synth.codec.sample_rate, subtype="PCM_16")
+    try:
+        sf.write(args.out, audio, synth.codec.sample_rate, subtype="PCM_16")
+    except (sf.SoundFileError, OSError, TypeError) as err:  # TypeError: no audio format for the extension
+        raise SynthesisInputError(f"--out {args.out}: cannot write ({err})") from None
     log.info("wrote %s (%.2f s, %s)", args.out, len(audio) / synth.codec.sample_rate, json.dumps(record))
 
 
@@ -523,10 +538,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from arnar.codec import CodecError
     from arnar.evaluate.asr import AsrUnavailableError
     from arnar.evaluate.similarity import SimUnavailableError
+    from arnar.synthesize import SynthesisInputError
+    from arnar.train import TrainError
 
-    # AsrUnavailableError / SimUnavailableError: hub weights that cannot be had, said in one line
+    # AsrUnavailableError / SimUnavailableError: hub weights that cannot be had, said in one line;
+    # TrainError: a run or checkpoint that cannot be loaded (arnar synthesize --run-dir)
     return (ConfigError, CorpusError, SynthError, SourceMissingError, TokenizerError, TestListError,
-            AudioError, AsrUnavailableError, SimUnavailableError, AlignerUnavailableError, CodecError, FileNotFoundError)
+            AudioError, AsrUnavailableError, SimUnavailableError, AlignerUnavailableError, CodecError, FileNotFoundError,
+            SynthesisInputError, TrainError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,12 @@ Reported (latency.json in ``--out-dir`` and on stdout), token stage only, as in 
 
 Each chunk is decoded with the codes before it (the prompt's, then the generated ones, up to
 ``--decoder-context`` frames) as left context, so chunk boundaries do not restart the decoder cold.
+
+Inputs are checked as ``arnar synthesize`` checks them (:mod:`arnar.synthesize`: prompt file and
+transcript, at most ``MAX_TEXT_TOKENS`` text tokens); a ``--text`` is checked whole before
+anything runs, text from stdin as it arrives: once it passes the limit the stream stops with an
+error (the chunks written by then stay). Each text token adds at most ``max_duration`` frames, so
+the work is bounded by the text.
 """
 
 from __future__ import annotations
@@ -69,6 +75,15 @@ def bpe_tokens(word_stream: Iterable[str], encode: Callable[[str], list[int]]) -
     """BPE ids of each word as it comes."""
     for word in word_stream:
         yield from encode(word)
+
+
+def at_most(tokens: Iterable[int], limit: int) -> Iterator[int]:
+    """``tokens`` as they come; a StreamError when a token past the ``limit``-th arrives."""
+    for k, token in enumerate(tokens, start=1):
+        if k > limit:
+            raise StreamError(f"the text passed {limit} BPE tokens, the most one utterance takes: "
+                              "stream one sentence at a time")
+        yield token
 
 
 class Upstream:
@@ -231,28 +246,39 @@ def build_parser(prog: str = "arnar stream") -> argparse.ArgumentParser:
 
 
 def stream_main(args: argparse.Namespace) -> dict[str, Any]:
-    from arnar.evaluate.audio import load_mono, resample
     from arnar.synthesize import Synthesizer
 
     try:
         decoding = json.loads(args.decoding)
     except json.JSONDecodeError as err:
         raise StreamError(f"--decoding: not JSON ({err})") from None
+    if not isinstance(decoding, dict):
+        raise StreamError(f"--decoding: expected a JSON object of options, got {args.decoding!r}")
     if args.chunk_size is not None:
+        if args.chunk_size < 1:
+            raise StreamError(f"--chunk-size must be >= 1, got {args.chunk_size}")
         decoding["chunk_size"] = args.chunk_size
+    if args.d_llm < 0 or not np.isfinite(args.d_llm):
+        raise StreamError(f"--d-llm must be a number of seconds >= 0, got {args.d_llm}")
     synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
                         device=args.device, checkpoint=args.checkpoint)
     model, codec = synth.model, synth.codec
     if not hasattr(model, "stream"):
         raise StreamError(f"{args.run_dir}: a {model.name!r} run; `arnar stream` needs a syncspeech run")
+    try:  # the paradigm's own check of the option names, before anything runs
+        model.decoding_options(decoding)
+    except ValueError as err:
+        raise StreamError(f"--decoding: {err}") from None
+
+    # the inputs, checked before the model runs (SynthesisInputError names what is wrong)
+    prompt_text = synth.text_ids(args.prompt_text, "--prompt-text")
+    if args.text is not None:
+        synth.text_ids(args.text, "--text")
+    prompt, _ = synth.read_prompt(args.prompt_wav)
+    prompt_speech = synth.prompt_codes(prompt)
+    prompt_codes = prompt_speech.numpy()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-
-    prompt, rate = load_mono(Path(args.prompt_wav))
-    prompt = resample(prompt, rate, codec.sample_rate)
-    prompt_codes = np.asarray(codec.encode([prompt], codec.sample_rate)[0][0], dtype=np.int64)
-    prompt_speech = torch.as_tensor(prompt_codes)
-    prompt_text = synth.text_ids(args.prompt_text, "prompt text")
     source = io.StringIO(args.text) if args.text is not None else sys.stdin
 
     # warm-up (untimed): lazy initialisation must not land in the first measured packet
@@ -269,7 +295,8 @@ def stream_main(args: argparse.Namespace) -> dict[str, Any]:
         log.info("chunk %d: %d tokens ready at %.3f s (%d text tokens read)", len(pieces) - 1, len(chunk.speech),
                  ready, chunk.text_tokens_read)
 
-    streamed = run_stream(model, bpe_tokens(words(source), synth.bpe.encode), prompt_text, prompt_speech,
+    streamed = run_stream(model, at_most(bpe_tokens(words(source), synth.bpe.encode), synth.max_text_tokens),
+                          prompt_text, prompt_speech,
                           seed=args.seed, d_llm=args.d_llm, decoding=decoding, on_chunk=write_chunk)
     fpl_a_run = run_stream(model, streamed["received"], prompt_text, prompt_speech, seed=args.seed,
                            decoding=decoding, stop_after_first=True)
@@ -294,12 +321,14 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     from arnar.codec import CodecError
     from arnar.evaluate.audio import AudioError
+    from arnar.synthesize import SynthesisInputError
     from arnar.text import TokenizerError
     from arnar.train import TrainError
 
     try:
         report = stream_main(args)
-    except (StreamError, CodecError, AudioError, TokenizerError, TrainError, FileNotFoundError) as err:
+    except (StreamError, SynthesisInputError, CodecError, AudioError, TokenizerError, TrainError,
+            FileNotFoundError) as err:
         print(f"arnar stream: error: {err}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in report.items() if k != "chunks"}, sort_keys=True))

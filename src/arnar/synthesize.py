@@ -12,6 +12,32 @@ the folder the evaluation reads (``<item_id>.wav`` + ``timing.jsonl``, see arnar
 Continuation items (VALL-E / PALLE convention): the model continues the 3 s prompt with the rest
 of the text, and the evaluated utterance is prompt audio + continuation, read against the whole
 target text (PALLE 5.2).
+
+Input limits. Every input either gives audio or a :class:`SynthesisInputError` whose one-line
+message names the input and the problem (``arnar synthesize`` / ``arnar stream`` print it as
+``error: ...``), and no input makes the work unbounded:
+
+* text and prompt transcript: at least one BPE token after :func:`~arnar.text.normalize_text`
+  (empty, whitespace-only or invisible-only text is refused), at most :data:`MAX_TEXT_TOKENS`
+  each. Longer text is refused, not cut: a cut would silently drop words, and a caller can split
+  text into sentences. Emoji, digits, symbols and other scripts are spoken as the BPE encodes
+  them (byte fallback: a character the model never saw becomes its UTF-8 byte pieces, which
+  count towards the limit);
+* prompt audio: mono, or ``[samples, channels]`` (soundfile's layout, at most
+  :data:`MAX_PROMPT_CHANNELS` channels; they are averaged),
+  finite, at a positive sample rate (resampled to the codec's), from one codec frame to
+  :data:`MAX_PROMPT_SECONDS` long (silence is a valid prompt), peak at most
+  :data:`MAX_PROMPT_PEAK` (float samples are in [-1, 1]; larger values overflow the codec's
+  log-mel). A prompt file is checked for its length (``soundfile.info``) before it is read;
+  an unreadable one is refused with its path;
+* the speech to generate: the speaking rate of the prompt (palle.txt Eq. 11: prompt frames x
+  text tokens / prompt-text tokens, the length the NAR family generates) must not ask for more
+  than :data:`MAX_SPEECH_SECONDS`; that only happens when the transcript is far shorter than
+  its audio, i.e. the wrong transcript.
+
+With those, every paradigm's frames are bounded by the text: AR stops at ``max_ratio`` (20)
+frames per text token, SyncSpeech at ``max_duration`` frames per token, the NAR family at the
+Eq. 11 length above.
 """
 
 from __future__ import annotations
@@ -20,7 +46,10 @@ import hashlib
 import inspect
 import json
 import logging
+import math
+import numbers
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +63,24 @@ log = logging.getLogger("arnar.synthesize")
 # codecs whose tokens are a residual stack: single-stream paradigms (CoD) model its first quantizer
 MULTI_CODEBOOK = {"offline_rvq", "dac"}
 FIRST_PACKET_TOKENS = 15  # the decoder's chunk size at paper scale (syncspeech.txt 3.1), unless a paradigm says
+
+# Limits of one synthesis call (module docstring). The training utterances are at most ~35 s,
+# about 150 BPE tokens; 512 tokens is ~2 min of speech, far past where the models are trained
+# and still a bounded amount of work (AR: at most 20 x 512 passes).
+MAX_TEXT_TOKENS = 512
+MAX_PROMPT_SECONDS = 30.0  # the test lists use 3 s (continuation) and single-utterance prompts
+MAX_SPEECH_SECONDS = 600.0  # Eq. 11 length of the requested speech
+MAX_PROMPT_PEAK = 2.0**15  # int16 full scale: the largest sample scale a caller plausibly passes
+MAX_PROMPT_CHANNELS = 8  # a 2-D prompt is [samples, channels]; a wider one is taken for channels-first
+
+
+class SynthesisInputError(ValueError):
+    """Text or prompt that synthesis cannot use; the one-line message names the input and why."""
+
+
+def _quote(text: str, limit: int = 40) -> str:
+    """``repr`` of ``text`` cut to ``limit`` characters: one line, whatever the text holds."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def item_seed(seed: int, item_id: str) -> int:
@@ -53,7 +100,9 @@ class Synthesizer:
     """A trained paradigm plus the codec and BPE model it was trained with."""
 
     def __init__(self, run_dir: str | os.PathLike, *, codec: str, codec_model: str | None, bpe_model: str | os.PathLike,
-                 device: str = "cpu", decoding: dict[str, Any] | None = None, checkpoint: str = "best"):
+                 device: str = "cpu", decoding: dict[str, Any] | None = None, checkpoint: str = "best",
+                 max_text_tokens: int = MAX_TEXT_TOKENS, max_prompt_seconds: float = MAX_PROMPT_SECONDS,
+                 max_speech_seconds: float = MAX_SPEECH_SECONDS):
         from arnar.codec import load_codec
         from arnar.text.bpe import BpeTokenizer
         from arnar.train import load_model
@@ -67,36 +116,151 @@ class Synthesizer:
             options["n_codebooks"] = 1
         self.codec = load_codec(codec, **options)
         self.bpe = BpeTokenizer.load(bpe_model)
+        self.max_text_tokens, self.max_prompt_seconds = int(max_text_tokens), float(max_prompt_seconds)
+        self.max_speech_seconds = float(max_speech_seconds)
+        if not isinstance(decoding or {}, dict):
+            raise SynthesisInputError(f"decoding options must be a mapping of names to values, got {decoding!r}")
         self.decoding = dict(decoding or {})
+        # every paradigm module names its decoding options in DECODING and refuses others: say so
+        # here, before any synthesis, rather than from inside generate
+        known = getattr(sys.modules.get(type(self.model).__module__), "DECODING", None)
+        unknown = sorted(set(self.decoding) - set(known)) if isinstance(known, dict) else []
+        if unknown:
+            raise SynthesisInputError(f"decoding options {unknown} are not options of the {self.model.name!r} paradigm "
+                                      f"(known: {sorted(known)})")
         if self.codec.codebook_size != self.model.vocab.speech_size:
-            raise ValueError(
+            raise SynthesisInputError(
                 f"{self.run_dir}: the model was trained on {self.model.vocab.speech_size} speech codes, "
                 f"codec {codec} has {self.codec.codebook_size}: wrong --codec for this run"
             )
         self._decode_takes_prompt_audio = "prompt_audio" in inspect.signature(self.codec.decode).parameters
 
+    # ------------------------------------------------------------------------- input checks
+
     def text_ids(self, text: str, what: str) -> torch.Tensor:
+        """BPE ids of ``text`` (``what`` names it in errors): 1 .. ``max_text_tokens`` of them."""
+        if not isinstance(text, str):
+            raise SynthesisInputError(f"{what}: expected a str, got {type(text).__name__}")
+        try:  # lone surrogates: bytes of a command line that were not UTF-8 (Python's surrogateescape)
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise SynthesisInputError(f"{what}: not valid Unicode ({err.object[err.start]!r} at character {err.start}; "
+                                      "input bytes that are not UTF-8?)") from None
         ids = self.bpe.encode(text)
         if not ids:
-            raise ValueError(f"{what}: text {text!r} has no tokens after normalisation")
+            raise SynthesisInputError(f"{what}: text {_quote(text)} has no tokens after normalisation "
+                                      "(empty, whitespace or invisible characters only): nothing to speak")
+        if len(ids) > self.max_text_tokens:
+            raise SynthesisInputError(
+                f"{what}: {len(ids)} BPE tokens ({len(text)} characters, starting {_quote(text, 20)}), more than "
+                f"the {self.max_text_tokens} one synthesis takes: split it into sentences")
         return torch.tensor(ids, dtype=torch.long)
+
+    def prompt_clip(self, prompt_audio: Any, sample_rate: Any, what: str = "prompt audio") -> np.ndarray:
+        """``prompt_audio`` checked (module docstring: mono or ``[samples, channels]``, finite,
+        one codec frame .. ``max_prompt_seconds``, peak <= MAX_PROMPT_PEAK) and resampled from
+        ``sample_rate`` to the codec's rate; ``what`` names it in errors."""
+        from arnar.evaluate.audio import resample
+
+        if (isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real)
+                or not math.isfinite(sample_rate) or sample_rate <= 0):
+            raise SynthesisInputError(f"{what}: sample rate {sample_rate!r} is not a positive number of Hz")
+        try:
+            audio = np.asarray(prompt_audio, dtype=np.float32)
+        except (TypeError, ValueError) as err:
+            raise SynthesisInputError(f"{what}: not an array of samples ({err})") from None
+        shortest = 1.0 / self.codec.frame_rate  # less than one token frame carries no voice
+        if audio.size == 0:
+            raise SynthesisInputError(f"{what}: 0 samples; a prompt needs at least {shortest:.3g} s (one codec frame)")
+        if audio.ndim == 2 and audio.shape[1] <= MAX_PROMPT_CHANNELS:  # [samples, channels], as soundfile reads
+            with np.errstate(invalid="ignore", over="ignore"):  # non-finite samples are refused below
+                audio = audio.mean(axis=1)
+        elif audio.ndim != 1:
+            raise SynthesisInputError(f"{what}: expected mono samples [n] or [n, channels] with at most "
+                                      f"{MAX_PROMPT_CHANNELS} channels, got shape {audio.shape}")
+        seconds = len(audio) / float(sample_rate)
+        if seconds < shortest:
+            raise SynthesisInputError(f"{what}: {len(audio)} samples at {sample_rate} Hz = {seconds:.4g} s; "
+                                      f"a prompt needs at least {shortest:.3g} s (one codec frame)")
+        if seconds > self.max_prompt_seconds:
+            raise SynthesisInputError(f"{what}: {seconds:.1f} s long; a prompt is at most "
+                                      f"{self.max_prompt_seconds:g} s (cut a few seconds of it, with their transcript)")
+        if not np.all(np.isfinite(audio)):
+            raise SynthesisInputError(f"{what}: non-finite samples (NaN or inf)")
+        peak = float(np.max(np.abs(audio)))
+        if peak > MAX_PROMPT_PEAK:
+            raise SynthesisInputError(f"{what}: peak amplitude {peak:.3g}; float samples belong in [-1, 1] "
+                                      f"(at most {MAX_PROMPT_PEAK:g} is accepted)")
+        return resample(audio, sample_rate, self.codec.sample_rate)
+
+    def read_prompt(self, path: str | os.PathLike) -> tuple[np.ndarray, int]:
+        """A prompt file, checked (its length from the header first, so that a long file is not
+        read whole) and resampled to the codec's rate: ``(audio, codec sample rate)``. Errors
+        name the file."""
+        import soundfile as sf
+
+        from arnar.evaluate.audio import load_mono
+
+        path = Path(path)
+        try:
+            info = sf.info(str(path))
+        except Exception as err:  # libsndfile raises several types; all mean "cannot be read"
+            raise SynthesisInputError(f"{path}: unreadable audio ({err})") from None
+        if info.samplerate > 0 and info.frames / info.samplerate > self.max_prompt_seconds:
+            raise SynthesisInputError(f"{path}: {info.frames / info.samplerate:.1f} s long; a prompt is at most "
+                                      f"{self.max_prompt_seconds:g} s (cut a few seconds of it, with their transcript)")
+        audio, rate = load_mono(path)  # AudioError (a ValueError) names the file
+        return self.prompt_clip(audio, rate, what=str(path)), self.codec.sample_rate
+
+    def prompt_codes(self, prompt: np.ndarray) -> torch.Tensor:
+        """Codes of a checked prompt (at the codec's rate), first codebook: ``[T]``."""
+        codes = torch.as_tensor(self.codec.encode([prompt], self.codec.sample_rate)[0][0], dtype=torch.long)
+        if len(codes) == 0:
+            raise SynthesisInputError(f"prompt audio of {len(prompt)} samples gave no codec frames")
+        return codes
+
+    def check_speech_length(self, prompt_frames: int, prompt_tokens: int, text_tokens: int) -> None:
+        """Refuse a request whose Eq. 11 length (the speech the NAR family would generate, and
+        what any paradigm should say at the prompt's rate) is over ``max_speech_seconds``."""
+        from arnar.decode.schedules import total_frames_estimate
+
+        frames = total_frames_estimate(prompt_frames, prompt_tokens, text_tokens)
+        if frames > self.max_speech_seconds * self.codec.frame_rate:
+            prompt_seconds = prompt_frames / self.codec.frame_rate
+            raise SynthesisInputError(
+                f"the prompt speaks {prompt_tokens} text tokens in {prompt_seconds:.1f} s, so the text's {text_tokens} "
+                f"tokens would take {frames / self.codec.frame_rate:.0f} s of speech, over the limit of "
+                f"{self.max_speech_seconds:g} s: is the prompt text the transcript of the prompt audio?")
+
+    # ------------------------------------------------------------------------- synthesis
 
     def synthesize(self, text: str, prompt_audio: np.ndarray, prompt_text: str, sample_rate: int, *,
                    seed: int = 0, target_frames: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Speak ``text`` in the voice of ``prompt_audio`` (mono float at ``sample_rate``, whose
         transcript is ``prompt_text``). Returns audio at ``self.codec.sample_rate`` and a timing
-        record (token-stage and end-to-end seconds, forward passes)."""
-        from arnar.evaluate.audio import resample
-
+        record (token-stage and end-to-end seconds, forward passes). Inputs out of the limits of
+        the module docstring raise :class:`SynthesisInputError`."""
         start = time.perf_counter()
-        prompt = resample(np.asarray(prompt_audio, dtype=np.float32), sample_rate, self.codec.sample_rate)
-        prompt_codes = torch.as_tensor(self.codec.encode([prompt], self.codec.sample_rate)[0][0], dtype=torch.long)
-        request = SynthesisRequest(self.text_ids(text, "text"), self.text_ids(prompt_text, "prompt text"),
-                                   prompt_codes, target_frames=target_frames)
+        text_ids, prompt_ids = self.text_ids(text, "text"), self.text_ids(prompt_text, "prompt text")
+        prompt = self.prompt_clip(prompt_audio, sample_rate)
+        prompt_codes = self.prompt_codes(prompt)
+        if target_frames is None:
+            self.check_speech_length(len(prompt_codes), len(prompt_ids), len(text_ids))
+        elif (isinstance(target_frames, bool) or not isinstance(target_frames, numbers.Integral)
+              or not 1 <= target_frames <= self.max_speech_seconds * self.codec.frame_rate):
+            most = int(self.max_speech_seconds * self.codec.frame_rate)
+            raise SynthesisInputError(f"target_frames {target_frames!r}: expected a whole number of frames from 1 to "
+                                      f"{most} ({self.max_speech_seconds:g} s)")
+        request = SynthesisRequest(text_ids, prompt_ids, prompt_codes, target_frames=target_frames)
         prepare = getattr(self.model, "prepare_request", None)
         if callable(prepare):  # paradigms with inputs of their own (CoD: phonemes, speaker embedding)
-            request = prepare(request, text=text, prompt_text=prompt_text, prompt_audio=prompt,
-                              sample_rate=self.codec.sample_rate)
+            try:
+                request = prepare(request, text=text, prompt_text=prompt_text, prompt_audio=prompt,
+                                  sample_rate=self.codec.sample_rate)
+            except SynthesisInputError:
+                raise
+            except ValueError as err:  # their inputs' own refusals (CoD: a text with no phonemes)
+                raise SynthesisInputError(str(err)) from None
         generator = torch.Generator().manual_seed(seed)
         token_start = time.perf_counter()
         generation = self.model.generate(request, generator, **self.decoding)
@@ -150,8 +314,11 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
         continuing = item.task == "continuation"
         text = continuation_text(item.target_text, item.prompt_text) if continuing else item.target_text
         if not text.strip():
-            raise ValueError(f"{testlist}: item {item.item_id} leaves no text to synthesize after its prompt")
-        audio, record = synth.synthesize(text, prompt, item.prompt_text, rate, seed=item_seed(seed, item.item_id))
+            raise SynthesisInputError(f"{testlist}: item {item.item_id} leaves no text to synthesize after its prompt")
+        try:
+            audio, record = synth.synthesize(text, prompt, item.prompt_text, rate, seed=item_seed(seed, item.item_id))
+        except SynthesisInputError as err:
+            raise SynthesisInputError(f"{testlist}: item {item.item_id}: {err}") from None
         if continuing:  # the evaluated utterance is the prompt followed by its continuation
             audio = np.concatenate([prompt.astype(np.float32), audio])
         tmp = out / f".tmp.{item.item_id}.wav"

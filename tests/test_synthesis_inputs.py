@@ -1,0 +1,476 @@
+"""Synthesis input robustness: `arnar synthesize` (``Synthesizer.synthesize`` and the CLI) and
+`arnar stream` on any text and any prompt audio either give audio or a one-line error that names
+the input and the problem (``arnar.synthesize.SynthesisInputError``): never a traceback, never
+unbounded work (the limits are in the arnar.synthesize docstring).
+
+A real run is built here, so nothing from ``data/`` is needed: a tiny offline codec trained on
+a few sentences synthesized with Debian's flite, a byte-fallback BPE (as the pipeline's),
+the flite clips' codes as the training tokens, and 2 updates of a tiny AR and a tiny SyncSpeech
+model. The models are untrained; what is tested is what reaches them and what comes back.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from arnar.cli import main as cli_main
+from arnar.stream import StreamError, at_most
+from arnar.stream import main as stream_main
+from arnar.synthesize import (
+    MAX_PROMPT_CHANNELS,
+    MAX_PROMPT_PEAK,
+    MAX_PROMPT_SECONDS,
+    MAX_TEXT_TOKENS,
+    SynthesisInputError,
+    Synthesizer,
+)
+from arnar.text import normalize_text
+
+SENTENCES = [
+    "Please call the doctor before noon tomorrow.",
+    "The children walked to school in the morning.",
+    "A quiet river runs under the old stone bridge.",
+    "She packed her bags and left before sunrise.",
+]
+VOICES = ["rms", "slt"]
+# the offline codec at its smallest (trains in about two seconds); 4 Griffin-Lim iterations
+CODEC_SIZES = dict(
+    enc_channels=32, enc_dilations=[1, 2], bottleneck=8, enc_epochs=2, n_tokens=16, kmeans_iters=4,
+    dec_channels=32, dec_dilations=[1], dec_fine_channels=16, dec_fine_dilations=[1], dec_epochs=1,
+    enc_front_channels=8, enc_front_dilations=[1], rvq_codebooks=2, rvq_size=8, rvq_iters=2,
+    batch_size=4, crop_seconds=1.0, gl_iters=4,
+)
+TINY = ["model=tiny", "model.dim=32", "model.n_layers=2", "model.n_heads=2", "train=smoke", "train.max_steps=2",
+        "train.progress=false", "train.device=cpu"]
+AR_MAX_RATIO = 3.0  # frames per text token for the tests' AR (the default 20 only makes them slower)
+SMALL_LIMIT = 48  # text tokens of the property tests' synthesizer: long draws meet the limit cheaply
+PROPERTY = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _flite(text: str, voice: str, wav: Path) -> list[tuple[str, float, float]]:
+    done = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", str(wav)],
+                          check=True, capture_output=True, text=True)
+    phones, previous = [], 0.0
+    for token in done.stdout.split():
+        symbol, _, end = token.rpartition(":")
+        phones.append((symbol, previous, float(end)))
+        previous = float(end)
+    return phones
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Paths of the codec, BPE model, AR and SyncSpeech runs, and a 16 kHz prompt clip."""
+    if shutil.which("flite") is None:
+        pytest.skip("needs the Debian package flite (apt-get install flite) to make its own tiny run")
+    from arnar.codec import codec_info, load_codec, write_token_shards
+    from arnar.codec.offline import train_offline_codec
+    from arnar.text.bpe import train_bpe
+    from arnar.train import compose_config, train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("synthesis_inputs")
+    cuts, wavs = [], {}
+    for voice in VOICES:
+        for i, text in enumerate(SENTENCES):
+            utt = f"{voice}_{i}"
+            wav = root / f"{utt}.wav"
+            phones = _flite(text, voice, wav)
+            info = sf.info(str(wav))
+            duration = info.frames / info.samplerate
+            cuts.append({
+                "id": utt, "start": 0.0, "duration": duration, "channel": 0, "type": "MonoCut",
+                "supervisions": [{"id": utt, "recording_id": utt, "start": 0.0, "duration": duration, "channel": 0,
+                                  "text": text, "speaker": voice,
+                                  "alignment": {"phone": [[p, b, round(e - b, 4), None] for p, b, e in phones]}}],
+                "recording": {"id": utt, "sources": [{"type": "file", "channels": [0], "source": str(wav)}],
+                              "sampling_rate": info.samplerate, "num_samples": info.frames,
+                              "duration": duration, "channel_ids": [0]},
+            })
+            wavs[utt] = (wav, text)
+    (root / "cuts.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cuts))
+    train_offline_codec(root / "cuts.jsonl", None, root / "codec", seed=7, progress=False, threads=1, **CODEC_SIZES)
+    codec = load_codec("offline", model=str(root / "codec"))
+    with warnings.catch_warnings():  # the requested size is clamped to what 4 sentences allow
+        warnings.simplefilter("ignore")
+        bpe = train_bpe(SENTENCES, root / "bpe", vocab_size=300)
+
+    # training data: the clips' own codes, each BPE token given an equal share of the frames
+    tokens, rows = {}, []
+    for utt, (wav, text) in wavs.items():
+        audio, rate = sf.read(str(wav), dtype="float32")
+        codes = codec.encode([audio], rate)[0]
+        ids = bpe.encode(text)
+        T = codes.shape[1]
+        tokens[utt] = codes
+        rows.append({"utt_id": utt, "frame_rate": codec.frame_rate, "num_frames": T, "bpe_ids": ids,
+                     "ends": [(k + 1) * T // len(ids) for k in range(len(ids))]})
+    split = write_token_shards(root / "tokens", "train", tokens, codec_info(codec))
+    (root / "durations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for paradigm in ("ar", "syncspeech"):
+        train(compose_config([f"paradigm={paradigm}", *TINY]), run_dir=root / paradigm, train_tokens=split,
+              train_durations=root / "durations.jsonl", bpe_model=root / "bpe.model")
+
+    prompt_wav = wavs["rms_0"][0]
+    prompt, rate = sf.read(str(prompt_wav), dtype="float32")
+    yield {"root": root, "codec": root / "codec", "bpe": root / "bpe.model", "ar": root / "ar",
+           "syncspeech": root / "syncspeech", "prompt_wav": prompt_wav, "prompt": prompt[: 2 * rate], "rate": rate,
+           "prompt_text": "Please call"}
+    torch.set_num_threads(threads)
+
+
+def make_synth(built, **limits) -> Synthesizer:
+    return Synthesizer(built["ar"], codec="offline", codec_model=str(built["codec"]), bpe_model=built["bpe"],
+                       decoding={"max_ratio": AR_MAX_RATIO}, **limits)
+
+
+@pytest.fixture(scope="module")
+def synth(built):
+    return make_synth(built)
+
+
+@pytest.fixture(scope="module")
+def small_synth(built):
+    return make_synth(built, max_text_tokens=SMALL_LIMIT)
+
+
+def assert_audio(audio: np.ndarray, record: dict, n_text_tokens: int) -> None:
+    assert audio.dtype == np.float32 and audio.ndim == 1 and len(audio) > 0
+    assert np.all(np.isfinite(audio))
+    # the work is bounded by the text: AR stops at max_ratio frames per text token
+    assert 1 <= record["generated_frames"] <= max(2 * n_text_tokens + 1, AR_MAX_RATIO * n_text_tokens)
+
+
+def assert_one_line(message: str, *words: str) -> None:
+    assert message and "\n" not in message and "Traceback" not in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+# ----------------------------------------------------------------------------- text
+
+SCRIPTS = ["你好，世界", "Привет, мир", "مرحبا بالعالم", "नमस्ते दुनिया", "こんにちは", "Γειά σου κόσμε", "שלום עולם"]
+EMOJI = ["😀", "🎉", "👍🏽", "👨‍👩‍👧", "🏳️‍🌈", "🇮🇸"]
+ODD = ["", " ", "\t\n\r ", "\u200b\u2060\ufeff", "\x00\x07\x1b", "\u00ad", "0123456789", "3.14159 1,000,000 1st 2nd",
+       "!@#$%^&*()_+-=[]{}|;:'\",.<>/?`~", "ﬁ Ａ１ … “quoted” — dash", "e\u0301" * 5, "\u2581\u2581", "\udcff ok",
+       "a" * 200, "hello " * 40]
+texts = st.one_of(
+    st.text(st.characters(exclude_categories=()), max_size=40),  # any code point: controls, lone surrogates
+    st.sampled_from(ODD + SCRIPTS + EMOJI),
+    st.lists(st.sampled_from(SCRIPTS + EMOJI + ["7", "%", "the cat", " "]), max_size=12).map("".join),
+)
+
+
+@PROPERTY
+@given(text=texts)
+def test_any_text_gives_audio_or_names_the_problem(small_synth, built, text):
+    """Oracle from the BPE alone: refused exactly when the text has no token after normalisation,
+    is not encodable Unicode, or is over the token limit; otherwise audio."""
+    try:
+        text.encode("utf-8")
+        expected_ids = small_synth.bpe.encode(text)
+    except UnicodeEncodeError:  # a lone surrogate
+        expected_ids = None
+    try:
+        audio, record = small_synth.synthesize(text, built["prompt"], built["prompt_text"], built["rate"])
+    except SynthesisInputError as err:
+        message = str(err)
+        event("refused")  # --hypothesis-show-statistics: both outcomes are drawn
+        assert_one_line(message, "text")
+        if expected_ids is None:
+            assert "Unicode" in message
+        elif not expected_ids:
+            assert "no tokens after normalisation" in message and normalize_text(text) == ""
+        else:
+            assert len(expected_ids) > SMALL_LIMIT and f"{len(expected_ids)} BPE tokens" in message
+        return
+    event("audio")
+    assert expected_ids and len(expected_ids) <= SMALL_LIMIT, text
+    assert_audio(audio, record, len(expected_ids))
+
+
+def test_text_of_10000_characters_is_refused_at_once(synth, built):
+    for text in ("word " * 2000, "x" * 10_000, "😀" * 10_000, "你" * 10_000, "1" * 10_000):
+        with pytest.raises(SynthesisInputError) as err:
+            synth.synthesize(text, built["prompt"], built["prompt_text"], built["rate"])
+        assert_one_line(str(err.value), "text:", f"{len(text)} characters",
+                        f"the {MAX_TEXT_TOKENS} one synthesis takes", "split it into sentences")
+        assert len(str(err.value)) < 300  # the text itself is not echoed whole
+    # the prompt transcript has the same limit
+    with pytest.raises(SynthesisInputError, match="prompt text: .* BPE tokens"):
+        synth.synthesize("hello", built["prompt"], "word " * 2000, built["rate"])
+
+
+def test_texts_within_the_limit_give_audio(synth, built):
+    for text in ["0123456789", "!?%&", "😀🎉", SCRIPTS[0], SCRIPTS[1], "Please call " * 20]:
+        n = len(synth.bpe.encode(text))
+        assert n <= MAX_TEXT_TOKENS
+        audio, record = synth.synthesize(text, built["prompt"], built["prompt_text"], built["rate"])
+        assert_audio(audio, record, n)
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t", "\u200b\x00"])
+def test_empty_text_and_prompt_text_are_named(synth, built, text):
+    with pytest.raises(SynthesisInputError) as err:
+        synth.synthesize(text, built["prompt"], built["prompt_text"], built["rate"])
+    assert_one_line(str(err.value), "text:", repr(text), "nothing to speak")
+    with pytest.raises(SynthesisInputError) as err:
+        synth.synthesize("hello", built["prompt"], text, built["rate"])
+    assert_one_line(str(err.value), "prompt text:", repr(text))
+    with pytest.raises(SynthesisInputError, match=r"text: not valid Unicode \('\\udcff' at character 3"):
+        synth.synthesize("ok \udcff", built["prompt"], built["prompt_text"], built["rate"])
+    with pytest.raises(SynthesisInputError, match="expected a str, got NoneType"):
+        synth.synthesize(None, built["prompt"], built["prompt_text"], built["rate"])
+
+
+# ----------------------------------------------------------------------------- prompt audio
+
+RATES = [0, -16000, float("nan"), 1, 100, 8000, 16000, 22050, 44100, 48000]
+SECONDS = [0.0, 1e-4, 0.01, 0.05, 0.1, 0.5, 2.0, MAX_PROMPT_SECONDS - 0.5, MAX_PROMPT_SECONDS + 0.5, 45.0]
+KINDS = ["silence", "noise", "sine", "nan", "inf", "loud", "int16 scale"]
+LAYOUTS = ["mono", "stereo", "channels first", "3-d"]
+
+
+def make_prompt(kind: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(n, dtype=np.float32)
+    audio = {
+        "silence": np.zeros(n, np.float32),
+        "noise": rng.uniform(-0.5, 0.5, n).astype(np.float32),
+        "sine": (0.3 * np.sin(0.05 * t)).astype(np.float32),
+        "nan": np.zeros(n, np.float32),
+        "inf": np.zeros(n, np.float32),
+        "loud": np.full(n, 1e30, np.float32),
+        "int16 scale": np.round(rng.uniform(-32767, 32767, n)).astype(np.float32),
+    }[kind]
+    if kind in ("nan", "inf") and n:
+        audio[n // 2] = np.nan if kind == "nan" else np.inf
+    return audio
+
+
+@settings(PROPERTY, max_examples=60)  # cheap (most draws are refused before the codec): more of them
+@given(rate=st.sampled_from(RATES), seconds=st.sampled_from(SECONDS), kind=st.sampled_from(KINDS),
+       layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16))
+def test_any_prompt_audio_gives_audio_or_names_the_problem(synth, built, rate, seconds, kind, layout, seed):
+    """Oracle from the documented limits: a positive rate, mono or [samples, channels], one codec
+    frame .. MAX_PROMPT_SECONDS, finite, peak <= MAX_PROMPT_PEAK; otherwise refused by name."""
+    n = int(round(seconds * rate)) if rate > 0 else 16000
+    mono = make_prompt(kind, n, seed)
+    audio = {"mono": mono, "stereo": np.stack([mono, 0.5 * mono], axis=1), "channels first": np.stack([mono, mono]),
+             "3-d": mono[None, :, None]}[layout]
+    # samples as the documented layout reads them ([samples, <= 8 channels]: a [2, n] array is 2
+    # samples of n channels when n <= 8, otherwise refused as channels-first); None: refused by shape
+    samples = {"mono": n, "stereo": n, "channels first": (2 if n <= MAX_PROMPT_CHANNELS else None) if n else 0,
+               "3-d": None if n else 0}[layout]
+    try:
+        out, record = synth.synthesize("hello there", audio, built["prompt_text"], rate)
+    except SynthesisInputError as err:
+        message = str(err)
+        event("refused")
+        assert_one_line(message, "prompt audio:")
+        if not rate > 0:
+            assert "sample rate" in message
+        elif samples is None:
+            assert "shape" in message
+        elif samples / rate < 1 / synth.codec.frame_rate:
+            assert "a prompt needs at least" in message
+        elif samples / rate > MAX_PROMPT_SECONDS:
+            assert "a prompt is at most" in message
+        elif kind in ("nan", "inf"):
+            assert "non-finite" in message
+        else:
+            assert kind == "loud" and "peak amplitude" in message
+        return
+    event("audio")
+    assert rate > 0 and samples is not None and 1 / synth.codec.frame_rate <= samples / rate <= MAX_PROMPT_SECONDS
+    assert kind in ("silence", "noise", "sine", "int16 scale")
+    assert_audio(out, record, len(synth.bpe.encode("hello there")))
+
+
+def test_representative_prompts(synth, built):
+    prompt, rate, text = built["prompt"], built["rate"], built["prompt_text"]
+    # silent, 0.1 s, another sample rate: audio
+    for audio, audio_rate in [(np.zeros(rate, np.float32), rate), (prompt[: rate // 10], rate),
+                              (prompt[::2], rate // 2), (prompt, 44100)]:
+        out, record = synth.synthesize("hello", audio, text, audio_rate)
+        assert_audio(out, record, len(synth.bpe.encode("hello")))
+    # stereo [samples, channels] is read as the average of its channels
+    left, right = prompt, prompt[::-1].copy()
+    mono, _ = synth.synthesize("hello", (left + right) / 2, text, rate, seed=3)
+    stereo, _ = synth.synthesize("hello", np.stack([left, right], axis=1), text, rate, seed=3)
+    np.testing.assert_array_equal(mono, stereo)
+    # the peak limit, at and just over it
+    spikes = np.zeros(rate, np.float32)
+    spikes[::100] = MAX_PROMPT_PEAK
+    out, record = synth.synthesize("hello", spikes, text, rate)
+    assert_audio(out, record, len(synth.bpe.encode("hello")))
+    spikes[0] = np.nextafter(np.float32(MAX_PROMPT_PEAK), np.float32(np.inf))
+    with pytest.raises(SynthesisInputError, match="prompt audio: peak amplitude"):
+        synth.synthesize("hello", spikes, text, rate)
+    # 5 minutes: refused before any encoding
+    with pytest.raises(SynthesisInputError, match=r"prompt audio: 300\.0 s long; a prompt is at most 30 s"):
+        synth.synthesize("hello", np.zeros(300 * rate, np.float32), text, rate)
+    # an array that is no audio
+    with pytest.raises(SynthesisInputError, match="prompt audio: not an array of samples"):
+        synth.synthesize("hello", ["a", "b"], text, rate)
+    with pytest.raises(SynthesisInputError, match="sample rate True"):
+        synth.synthesize("hello", prompt, text, True)
+
+
+def test_a_transcript_far_shorter_than_its_prompt_is_refused(synth, built):
+    """Eq. 11 at a 29 s prompt read as one word, for ~300 text tokens: over an hour of speech."""
+    long_prompt = np.zeros(29 * built["rate"], np.float32)
+    text = "the cat sat on the mat " * 20
+    assert len(synth.bpe.encode(text)) <= MAX_TEXT_TOKENS
+    with pytest.raises(SynthesisInputError) as err:
+        synth.synthesize(text, long_prompt, "Please", built["rate"])
+    assert_one_line(str(err.value), "is the prompt text the transcript of the prompt audio?")
+    # target_frames is checked too
+    for bad in (0, -3, 10**9, 2.5):
+        with pytest.raises(SynthesisInputError, match="target_frames"):
+            synth.synthesize("hello", built["prompt"], built["prompt_text"], built["rate"], target_frames=bad)
+    out, record = synth.synthesize("hello", built["prompt"], built["prompt_text"], built["rate"], target_frames=7)
+    assert record["generated_frames"] == 7
+
+
+def test_a_paradigms_own_input_refusal_is_one_line(synth, built, monkeypatch):
+    """A paradigm with inputs of its own (CoD's phonemes) refuses text in prepare_request with a
+    ValueError: it reaches the caller as a SynthesisInputError."""
+    def no_phonemes(request, *, text, **_):
+        raise ValueError(f"CoD: text {text!r} has no phonemes")
+
+    monkeypatch.setattr(synth.model, "prepare_request", no_phonemes, raising=False)
+    with pytest.raises(SynthesisInputError, match="has no phonemes"):
+        synth.synthesize("😀", built["prompt"], built["prompt_text"], built["rate"])
+
+
+def test_unknown_decoding_options_are_refused_before_synthesis(built):
+    with pytest.raises(SynthesisInputError, match=r"decoding options \['steps'\] are not options of the 'ar'"):
+        Synthesizer(built["ar"], codec="offline", codec_model=str(built["codec"]), bpe_model=built["bpe"],
+                    decoding={"steps": 8})
+
+
+# ----------------------------------------------------------------------------- command lines
+
+def run_cli(main, argv, capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    return code, err
+
+
+def synthesize_argv(built, tmp_path, **flags) -> list[str]:
+    argv = ["synthesize", "--run-dir", str(built["ar"]), "--codec", "offline", "--codec-model", str(built["codec"]),
+            "--bpe", str(built["bpe"]), "--decoding", json.dumps({"max_ratio": AR_MAX_RATIO})]
+    options = {"text": "hello there", "prompt-wav": str(built["prompt_wav"]), "prompt-text": built["prompt_text"],
+               "out": str(tmp_path / "out.wav"), **flags}
+    for name, value in options.items():
+        if value is not None:
+            argv += [f"--{name}", value]
+    return argv
+
+
+def test_cli_synthesize_gives_one_line_errors(built, tmp_path, capsys):
+    code, err = run_cli(cli_main, synthesize_argv(built, tmp_path), capsys)
+    assert code == 0 and sf.info(str(tmp_path / "out.wav")).frames > 0, err
+
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt garbage")
+    long_wav = tmp_path / "five_minutes.wav"
+    sf.write(str(long_wav), np.zeros(300 * 8000, np.float32), 8000, subtype="PCM_16")
+    cases = [
+        ({"text": ""}, ["--text: text ''", "nothing to speak"]),
+        ({"text": "word " * 2000}, ["--text:", "BPE tokens", "split it into sentences"]),
+        ({"prompt-wav": str(corrupt)}, [str(corrupt), "unreadable audio"]),
+        ({"prompt-wav": str(long_wav)}, [str(long_wav), "300.0 s long"]),
+        ({"prompt-text": " "}, ["--prompt-text:"]),
+        ({"prompt-text": None}, ["missing: --prompt-text"]),
+        ({"out": str(tmp_path / "no" / "such" / "out.wav")}, ["--out", "no such folder"]),
+        ({"text": "\udcff"}, ["--text:", "Unicode"]),  # an argv byte that is not UTF-8
+    ]
+    for flags, words in cases:
+        code, err = run_cli(cli_main, synthesize_argv(built, tmp_path, **flags), capsys)
+        assert code == 2, (flags, err)
+        assert_one_line(err.strip(), "arnar synthesize: error: ", *words)
+    # a run folder without a model, and --decoding that is not an object
+    argv = synthesize_argv(built, tmp_path)
+    code, err = run_cli(cli_main, [*argv[:2], str(tmp_path), *argv[3:]], capsys)
+    assert code == 2 and "no such checkpoint" in err
+    assert_one_line(err.strip())
+    code, err = run_cli(cli_main, [*synthesize_argv(built, tmp_path), "--decoding", "[1]"], capsys)
+    assert code == 2 and "expected a JSON object" in err
+    assert_one_line(err.strip())
+
+
+def stream_argv(built, tmp_path, **flags) -> list[str]:
+    argv = ["--run-dir", str(built["syncspeech"]), "--codec", "offline", "--codec-model", str(built["codec"]),
+            "--bpe", str(built["bpe"]), "--d-llm", "0", "--out-dir", str(tmp_path / "stream")]
+    options = {"prompt-wav": str(built["prompt_wav"]), "prompt-text": built["prompt_text"], "text": "hello there",
+               **flags}
+    for name, value in options.items():
+        if value is not None:
+            argv += [f"--{name}", value]
+    return argv
+
+
+def test_stream_gives_one_line_errors(built, tmp_path, capsys, monkeypatch):
+    code, err = run_cli(stream_main, stream_argv(built, tmp_path), capsys)
+    assert code == 0 and sf.info(str(tmp_path / "stream" / "stream.wav")).frames > 0, err
+    # a 0.1 s prompt at 8 kHz, stereo, and text in other scripts and emoji: audio too
+    short = tmp_path / "short.wav"
+    sf.write(str(short), np.stack([built["prompt"][::2][:800]] * 2, axis=1), 8000, subtype="PCM_16")
+    code, err = run_cli(stream_main, stream_argv(built, tmp_path, **{"prompt-wav": str(short),
+                                                                     "text": "Привет 😀 你好 42%"}), capsys)
+    assert code == 0 and sf.info(str(tmp_path / "stream" / "stream.wav")).frames > 0, err
+
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"\x00" * 100)
+    cases = [
+        ({"text": ""}, ["--text: text ''", "nothing to speak"]),
+        ({"text": " \t "}, ["--text:", "nothing to speak"]),
+        ({"text": "😀" * 10_000}, ["--text:", "BPE tokens"]),
+        ({"prompt-wav": str(corrupt)}, [str(corrupt), "unreadable audio"]),
+        ({"prompt-wav": str(tmp_path / "missing.wav")}, ["missing.wav", "unreadable audio"]),
+        ({"prompt-text": ""}, ["--prompt-text:"]),
+    ]
+    for flags, words in cases:
+        code, err = run_cli(stream_main, stream_argv(built, tmp_path, **flags), capsys)
+        assert code == 2, (flags, err)
+        assert_one_line(err.strip(), "arnar stream: error: ", *words)
+    # text from stdin that never comes
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, err = run_cli(stream_main, stream_argv(built, tmp_path, text=None), capsys)
+    assert code == 2 and "nothing to speak" in err
+    assert_one_line(err.strip())
+
+
+def test_stdin_text_is_cut_off_at_the_limit_as_it_arrives():
+    """stdin is read lazily, so its limit is enforced on arrival: every token up to the limit
+    passes, the next one stops the stream (never a read of the whole input first)."""
+    pulled = []
+
+    def source():
+        for k in range(100):
+            pulled.append(k)
+            yield k
+
+    tokens = at_most(source(), 7)
+    assert [next(tokens) for _ in range(7)] == list(range(7))
+    with pytest.raises(StreamError, match="passed 7 BPE tokens"):
+        next(tokens)
+    assert pulled == list(range(8))
+    assert list(at_most(iter([1, 2]), 2)) == [1, 2]
