@@ -153,11 +153,12 @@ def test_evaluation_and_report(smoke):
     separation = audit["sim"]["same_vs_different_speaker"]
     assert separation["same_mean"] > separation["different_mean"] and separation["auc"] > 0.9
     metrics = json.loads((results / "metrics.json").read_text())
-    # smoke trains a tiny offline codec (two resynthesis rows) and every paradigm (eleven systems)
+    # smoke trains a tiny offline codec (two resynthesis rows) and every paradigm and ablation (13 systems)
     assert set(metrics) == {"ground_truth", "resynth_offline", "resynth_offline_rvq", *SYSTEMS, "ground_truth_audit"}
     table = (results / "report/comparison.md").read_text()
     assert "| ground_truth |" in table and "WER-P corpus" in table
-    for ablation in ("Chain-of-Details: temporal levels", "DELTA-TTS: unmasking steps", "PALLE: stages"):
+    for ablation in ("Chain-of-Details: temporal levels", "DELTA-TTS: unmasking steps", "PALLE: stages",
+                     "SyncSpeech: pre-training and attention mask"):
         assert f"### {ablation}" in table
     assert "### Training" in table and re.search(r"\| nar \| nar \| 0\.\d\dM \| 2 x 32 \| 30 \|", table)
     for plot in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png", "wer_vs_rtf.png"):
@@ -165,8 +166,9 @@ def test_evaluation_and_report(smoke):
 
 
 SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "delta_steps8", "delta_steps4", "cod",
-           "cod_l2", "cod_l1"]
-RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_l2", "cod_l1"]
+           "cod_l2", "cod_l1", "syncspeech_nopretrain", "syncspeech_causal"]
+RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_l2", "cod_l1",
+        "syncspeech_nopretrain", "syncspeech_causal_pretrain", "syncspeech_causal"]
 
 
 def test_paradigms_train_and_speak_every_item(smoke):
@@ -176,7 +178,9 @@ def test_paradigms_train_and_speak_every_item(smoke):
         summary = json.loads((smoke / f"results/smoke/train/{run}.json").read_text())
         assert summary["finished"] and summary["steps"] == 30, run
         assert (smoke / f"data/smoke/runs/{run}/final.pt").exists()
-    assert "initialised from data/smoke/runs/palle_stage1/final.pt" in (smoke / "logs/smoke/train_palle.log").read_text()
+    assert "initialised from data/smoke/runs/palle_stage1/best.pt" in (smoke / "logs/smoke/train_palle.log").read_text()
+    causal = (smoke / "data/smoke/runs/syncspeech_causal/config.yaml").read_text()
+    assert "attention: causal" in causal and "syncspeech_causal_pretrain" in causal
     for system in SYSTEMS:
         for task in ("continuation", "cross_sentence"):
             folder = smoke / f"data/smoke/systems/{system}/{task}"
@@ -211,8 +215,8 @@ def test_html_report_renders_with_working_audio(smoke, tmp_path):
     result = run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
                   page.as_uri()], tmp_path, timeout=120)
     players = re.findall(r"<audio[^>]*>", result.stdout)
-    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + 11 paradigm systems)
-    assert len(players) == 60
+    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + 13 paradigm systems)
+    assert len(players) == 68
     assert all('data-state="loaded"' in p for p in players), players
     assert "<h1>arnar report" in result.stdout
 

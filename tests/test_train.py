@@ -414,3 +414,27 @@ def test_best_dev_weights_are_kept_and_used(data, tmp_path):
     plain = run_train(data, tmp_path / "no_dev", overrides)
     assert plain["best_step"] is None and not (tmp_path / "no_dev" / "best.pt").exists()
     assert checkpoint_path(tmp_path / "no_dev", "best") == tmp_path / "no_dev" / "final.pt"
+
+
+def test_second_stage_restarts_when_its_first_stage_changed(data, tmp_path, caplog):
+    """A run started from another (train.init_from) resumes only while that run is unchanged:
+    retraining the first stage makes the second start afresh from the new weights."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    paths = ["--tokens", str(data["tokens"]), "--durations", str(data["durations"]), "--bpe", str(data["bpe"])]
+    common = ["paradigm=ar", *TINY, "train.max_steps=4", "train.log_every=1", "train.ckpt_every=1"]
+    assert main(["--run-dir", str(first), *paths, "--", *common]) == 0
+    stage_two = ["--run-dir", str(second), *paths, "--resume-if-compatible",
+                 "--fresh-if-older-than", str(first / "final.pt"), "--", *common, f"train.init_from={first}"]
+    assert main([*stage_two[:-len(common) - 2], "--stop-after", "2", *stage_two[-len(common) - 2:]]) == 0
+    assert torch.load(second / "checkpoints" / "last.pt", weights_only=False)["step"] == 2
+    # unchanged first stage: the second resumes at step 2
+    with caplog.at_level("INFO", logger="arnar.train"):
+        assert main(stage_two) == 0
+    assert "resumed" in caplog.text and "initialised from" not in caplog.text
+    # the first stage is retrained: the second starts afresh from it
+    assert main(["--run-dir", str(first), *paths, "--no-resume", "--", *common, "train.seed=7"]) == 0
+    os.utime(first / "final.pt")  # newer than the second run's checkpoint even on coarse clocks
+    caplog.clear()
+    with caplog.at_level("INFO", logger="arnar.train"):
+        assert main(stage_two) == 0
+    assert "starting this run afresh" in caplog.text and f"initialised from {first}" in caplog.text

@@ -92,6 +92,9 @@ ABLATION_TABLES = [
      [("cod_l1", "1"), ("cod_l2", "2"), ("cod", "3")]),
     ("DELTA-TTS: unmasking steps", "delta_tts.txt Fig. 2", "Steps",
      [("delta_steps4", "4"), ("delta_steps8", "8"), ("delta", "16")]),
+    ("SyncSpeech: pre-training and attention mask", "syncspeech.txt Table 2", "Variant",
+     [("syncspeech", "SyncSpeech"), ("syncspeech_nopretrain", "w/o pre-training"),
+      ("syncspeech_causal", "causal mask instead of hybrid")]),
     ("PALLE: stages", "palle.txt Table 3", "Stages",
      [("palle_stage1", "PAR only"), ("palle", "PAR + refinement")]),
 ]

@@ -826,6 +826,9 @@ def build_parser(prog: str = "arnar train") -> argparse.ArgumentParser:
     parser.add_argument("--dev-tokens", help="token split folder of the dev set")
     parser.add_argument("--dev-durations", help="BPE durations JSONL of the dev set")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if run-dir has a checkpoint")
+    parser.add_argument("--fresh-if-older-than", nargs="*", default=[], metavar="FILE",
+                        help="start afresh if the last checkpoint is older than any of these files (the weights of "
+                             "the runs this one starts from or reads)")
     parser.add_argument("--resume-if-compatible", action="store_true",
                         help="resume only a checkpoint of the same model, data, tokens and train settings; otherwise "
                              "start afresh "
@@ -865,10 +868,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config:
             print(OmegaConf.to_yaml(cfg, resolve=True), end="")
             return 0
+        resume: bool | str = False if args.no_resume else "if-compatible" if args.resume_if_compatible else True
+        last = checkpoint_path(args.run_dir, "last")
+        newer = [f for f in args.fresh_if_older_than if last.is_file() and Path(f).stat().st_mtime > last.stat().st_mtime]
+        if resume and newer:
+            # a run this one starts from (or reads) changed since its last checkpoint: resuming would
+            # keep weights derived from the old one
+            log.warning("%s is newer than %s: starting this run afresh", ", ".join(newer), last)
+            resume = False
         summary = train(cfg, run_dir=args.run_dir, train_tokens=args.tokens, train_durations=args.durations,
                         bpe_model=args.bpe, dev_tokens=args.dev_tokens, dev_durations=args.dev_durations,
-                        resume=(False if args.no_resume else "if-compatible" if args.resume_if_compatible else True),
-                        stop_after_steps=args.stop_after)
+                        resume=resume, stop_after_steps=args.stop_after)
         if args.summary and os.environ.get("RANK", "0") == "0":
             _atomic_write_text(Path(args.summary), json.dumps(summary, indent=2) + "\n")
     except _user_errors() as err:

@@ -9,7 +9,8 @@ TOKEN_SETS = {"offline": {"single": "offline", "stack": "offline_rvq"}, "s3": {"
 TOKEN_RATE = {"offline": 25, "s3": 25, "offline_rvq": 50, "dac": 86.13}  # frames per second
 
 # run -> Hydra paradigm config; `init_from`: the run it starts from; `reads`: runs it loads;
-# `options`: paradigm options that are paths ({runs}, {data}); `stack`: models the acoustic
+# `options`: paradigm options that are paths ({runs}, {data}); `overrides`: further Hydra
+# overrides (ablation variants); `stack`: models the acoustic
 # stack's first quantizer; `features`: per-utterance inputs built by the cod_features rule
 RUNS = {
     "ar": {"config": "ar"},
@@ -17,6 +18,11 @@ RUNS = {
     # SyncSpeech (syncspeech.txt 2.3): high-probability masked pre-training, then fine-tuning
     "syncspeech_pretrain": {"config": "syncspeech_pretrain"},
     "syncspeech": {"config": "syncspeech", "init_from": "syncspeech_pretrain"},
+    # its Table 2 ablations: fine-tuning objective only (no pre-training); causal instead of hybrid mask
+    "syncspeech_nopretrain": {"config": "syncspeech"},
+    "syncspeech_causal_pretrain": {"config": "syncspeech_pretrain", "overrides": ["paradigm.options.attention=causal"]},
+    "syncspeech_causal": {"config": "syncspeech", "init_from": "syncspeech_causal_pretrain",
+                          "overrides": ["paradigm.options.attention=causal"]},
     # PALLE (palle.txt 4.2): stage two is fine-tuned from stage one at ~1/9 of its learning rate
     "palle_stage1": {"config": "palle_stage1"},
     "palle": {"config": "palle_stage2", "init_from": "palle_stage1", "lr_scale": 1 / 9},
@@ -45,6 +51,8 @@ SYSTEMS_OF = {
 # ablations named in training.ablations -> (the paradigm they vary, their extra systems)
 ABLATIONS = {
     "cod_levels": ("cod", {"cod_l2": ("cod_l2", {}), "cod_l1": ("cod_l1", {})}),
+    "syncspeech_table2": ("syncspeech", {"syncspeech_nopretrain": ("syncspeech_nopretrain", {}),
+                                         "syncspeech_causal": ("syncspeech_causal", {})}),
 }
 PARADIGM_SYSTEMS = {s: run for p in TRAIN["paradigms"] for s, run in SYSTEMS_OF[p].items()}
 for _ablation in TRAIN["ablations"]:
@@ -127,6 +135,7 @@ def hydra_overrides(wildcards, input):
         overrides.append(f"train.init_from={run_dir(spec['init_from'])}")
     for key, value in spec.get("options", {}).items():
         overrides.append(f"paradigm.options.{key}={value.format(runs=f'{DATA}/runs', data=DATA)}")
+    overrides += spec.get("overrides", [])
     if input.features:
         overrides += [f"data.features={input.features[0]}", f"data.dev_features={input.dev_features[0]}"]
     return " ".join(overrides + recipe_lr_override(run) + TRAIN["overrides"].get(run, []))

@@ -47,7 +47,8 @@ rule train:
     shell:
         "arnar train --run-dir {params.run_dir} --tokens {params.tokens} --durations {input.durations}"
         " --dev-tokens {params.dev_tokens} --dev-durations {input.dev_durations} --bpe {input.bpe}"
-        " --threads {threads} --summary {output.summary} --resume-if-compatible -- {params.overrides}"
+        " --threads {threads} --summary {output.summary} --resume-if-compatible"
+        " --fresh-if-older-than {input.before} -- {params.overrides}"
         " 2> {log}"
 
 
