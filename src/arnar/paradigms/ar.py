@@ -25,6 +25,7 @@ import torch
 from arnar.decode.sampling import repetition_aware, restrict_logits, sample_tokens
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
+    decoding_options,
     EOS,
     IGNORE,
     SOS,
@@ -67,10 +68,7 @@ class AR(Paradigm):
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
-        opts = {**DECODING, **decoding}
-        unknown = set(decoding) - set(DECODING)
-        if unknown:
-            raise ValueError(f"AR decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
+        opts = decoding_options("AR", DECODING, decoding)
         from arnar.nn import KVCache
 
         device = self.embed.weight.device

@@ -273,6 +273,15 @@ class Paradigm(torch.nn.Module):
                 "model": self.model_config.to_dict(), "options": self.options, "vocab": self.vocab.to_dict()}
 
 
+def decoding_options(paradigm: str, defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A paradigm's decoding defaults overridden by ``given``; an unknown option is an error (a
+    typo must not silently decode with the default)."""
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(f"{paradigm} decoding: unknown options {sorted(unknown)}; known: {sorted(defaults)}")
+    return {**defaults, **given}
+
+
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> LossOutput:
     """Summed cross-entropy and accuracy over positions with a target (``targets != IGNORE``)."""
     keep = targets != IGNORE

@@ -127,6 +127,7 @@ from arnar.decode.sampling import sample_tokens
 from arnar.decode.schedules import cosine_mask_ratio, masks_per_step, total_frames_estimate
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
+    decoding_options,
     IGNORE,
     MASK,
     PAD,
@@ -466,10 +467,7 @@ class CoD(Paradigm):
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
-        unknown = set(decoding) - set(DECODING)
-        if unknown:
-            raise ValueError(f"CoD decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
-        opts = {**DECODING, **decoding}
+        opts = decoding_options("CoD", DECODING, decoding)
         if opts["length"] not in ("predictor", "prompt_rate"):
             raise ValueError(f"CoD decoding length must be 'predictor' or 'prompt_rate', got {opts['length']!r}")
         steps = int(opts["steps"])

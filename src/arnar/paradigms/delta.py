@@ -88,6 +88,7 @@ from arnar.decode.delta_schedules import piece_weight, rule_based_frames, unmask
 from arnar.decode.sampling import sample_tokens
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
+    decoding_options,
     EOS,
     IGNORE,
     MASK,
@@ -370,10 +371,7 @@ class DeltaTTS(Paradigm):
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
-        unknown = set(decoding) - set(DECODING)
-        if unknown:
-            raise ValueError(f"delta decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
-        opts = {**DECODING, **decoding}
+        opts = decoding_options("delta", DECODING, decoding)
         if opts["schedule"] not in ("shifted", "uniform"):
             raise ValueError(f"delta: schedule must be shifted or uniform, got {opts['schedule']!r}")
         mu = opts["mu"] if opts["schedule"] == "shifted" else 1.0  # mu = 1 in Eq. 3 is uniform

@@ -27,6 +27,7 @@ from arnar.decode.sampling import sample_tokens
 from arnar.decode.schedules import cosine_mask_ratio, masks_per_step, total_frames_estimate
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
+    decoding_options,
     IGNORE,
     MASK,
     SOS,
@@ -77,10 +78,7 @@ class NAR(Paradigm):
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
-        unknown = set(decoding) - set(DECODING)
-        if unknown:
-            raise ValueError(f"NAR decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
-        opts = {**DECODING, **decoding}
+        opts = decoding_options("NAR", DECODING, decoding)
         device = self.embed.weight.device
         n_target = request.target_frames or total_frames_estimate(
             len(request.prompt_speech), len(request.prompt_text), len(request.text))

@@ -45,6 +45,7 @@ from arnar.decode.sampling import restrict_logits, sample_tokens
 from arnar.decode.schedules import total_frames_estimate
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
+    decoding_options,
     IGNORE,
     MASK,
     PAD,
@@ -326,10 +327,7 @@ class PALLE(Paradigm):
 
     # -- decoding
     def _decoding_options(self, decoding: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(decoding) - set(DECODING)
-        if unknown:
-            raise ValueError(f"PALLE decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
-        opts = {**DECODING, **decoding}
+        opts = decoding_options("PALLE", DECODING, decoding)
         if opts["refine_steps"] is None:
             opts["refine_steps"] = REFINE_STEPS if self.stage == 2 else 0
         if int(opts["refine_steps"]) < 0 or int(opts["steps"]) < 1:

@@ -81,6 +81,7 @@ from torch import Tensor
 from arnar.decode.sampling import restrict_logits, sample_tokens
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
+    decoding_options,
     IGNORE,
     MASK,
     N_SPECIAL,
@@ -415,10 +416,7 @@ class SyncSpeech(Paradigm):
 
     # -- decoding
     def decoding_options(self, decoding: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(decoding) - set(DECODING)
-        if unknown:
-            raise ValueError(f"SyncSpeech decoding: unknown options {sorted(unknown)}; known: {sorted(DECODING)}")
-        return {**DECODING, **decoding}
+        return decoding_options("SyncSpeech", DECODING, decoding)
 
     def _choose(self, logits: Tensor, generator: torch.Generator, top_k: int, temperature: float) -> Tensor:
         """Greedy when ``top_k == 1`` (or temperature 0), else sample among the ``top_k`` best; on the
