@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -31,6 +30,7 @@ from arnar.codec.offline import (
     mel_to_audio,
     train_offline_codec,
 )
+from flite_audio import flite_utterance  # noqa: E402  (tests/flite_audio.py)
 
 SENTENCES = [
     "Please call the doctor before noon tomorrow.",
@@ -51,16 +51,6 @@ TINY = dict(
 )
 
 
-def _flite(text: str, voice: str, wav):
-    done = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", str(wav)],
-                          check=True, capture_output=True, text=True)
-    phones, previous = [], 0.0
-    for token in done.stdout.split():
-        symbol, _, end = token.rpartition(":")
-        phones.append((symbol, previous, float(end)))
-        previous = float(end)
-    return phones
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
@@ -73,7 +63,7 @@ def corpus(tmp_path_factory):
         for i, text in enumerate(SENTENCES):
             utt = f"{voice}_{i}"
             wav = out / f"{utt}.wav"
-            phones = _flite(text, voice, wav)
+            phones = flite_utterance(text, voice, wav)
             info = sf.info(str(wav))
             duration = info.frames / info.samplerate
             cuts.append({

@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import subprocess
 import warnings
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from arnar.synthesize import (
     Synthesizer,
 )
 from arnar.text import normalize_text
+from flite_audio import flite_utterance  # noqa: E402  (tests/flite_audio.py)
 
 SENTENCES = [
     "Please call the doctor before noon tomorrow.",
@@ -60,16 +60,6 @@ PROPERTY = settings(max_examples=25, deadline=None, derandomize=True, database=N
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def _flite(text: str, voice: str, wav: Path) -> list[tuple[str, float, float]]:
-    done = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", str(wav)],
-                          check=True, capture_output=True, text=True)
-    phones, previous = [], 0.0
-    for token in done.stdout.split():
-        symbol, _, end = token.rpartition(":")
-        phones.append((symbol, previous, float(end)))
-        previous = float(end)
-    return phones
-
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -89,7 +79,7 @@ def built(tmp_path_factory):
         for i, text in enumerate(SENTENCES):
             utt = f"{voice}_{i}"
             wav = root / f"{utt}.wav"
-            phones = _flite(text, voice, wav)
+            phones = flite_utterance(text, voice, wav)
             info = sf.info(str(wav))
             duration = info.frames / info.samplerate
             cuts.append({
