@@ -30,7 +30,7 @@ from arnar.codec.offline import (
     mel_to_audio,
     train_offline_codec,
 )
-from flite_audio import flite_utterance  # noqa: E402  (tests/flite_audio.py)
+from flite_audio import flite_utterance  # tests/flite_audio.py
 
 SENTENCES = [
     "Please call the doctor before noon tomorrow.",

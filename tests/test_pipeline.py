@@ -1,68 +1,19 @@
-"""End to end: the data phase of the DAG on the smoke profile, as a user runs it.
+"""End to end: the whole DAG on the smoke profile, as a user runs it.
 
 The workflow files are copied into a temporary folder and Snakemake runs there for real
-(synthesizers, ingest, tokenizers). One module-scoped run feeds several checks.
+(synthesizers, ingest, alignment, codec, training, synthesis, evaluation, report). One run per
+test session (the `smoke` fixture, tests/conftest.py) feeds the checks here and elsewhere.
 """
 
-import hashlib
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import soundfile as sf
 
-from arnar.config import REPO_ROOT
+from smoke_dag import BIN, copy_workflow, run, snakemake, tree_digest
 
 pytestmark = pytest.mark.slow
-BIN = Path(sys.executable).parent
-ENV = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-WORKFLOW_FILES = ["Snakefile", "params.yaml", "workflow", "envs", "src", "dvc.yaml", ".dvc", ".dvcignore"]
-
-
-def copy_workflow(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in WORKFLOW_FILES:
-        src = REPO_ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("tmp", "cache", "__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(src, dest / name)
-    return dest
-
-
-def run(cmd, cwd, check=True, timeout=900):
-    result = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
-    return result
-
-
-def snakemake(cwd, *args, check=True):
-    # --config takes every following word as a key=value pair, so it goes last
-    return run([str(BIN / "snakemake"), "--cores", "2", *args, "--config", "profile=smoke"], cwd, check)
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and "build_log" not in p.name
-    }
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """The whole default DAG (corpus to report) on the smoke profile."""
-    work = copy_workflow(tmp_path_factory.mktemp("smoke"))
-    snakemake(work)
-    return work
-
-
 def test_smoke_data_phase_outputs(smoke):
     data = smoke / "data" / "smoke"
     stats = json.loads((smoke / "results/smoke/data/corpus.json").read_text())

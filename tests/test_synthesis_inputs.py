@@ -36,7 +36,7 @@ from arnar.synthesize import (
     Synthesizer,
 )
 from arnar.text import normalize_text
-from flite_audio import flite_utterance  # noqa: E402  (tests/flite_audio.py)
+from flite_audio import flite_utterance  # tests/flite_audio.py
 
 SENTENCES = [
     "Please call the doctor before noon tomorrow.",
