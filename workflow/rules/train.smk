@@ -40,12 +40,15 @@ rule train:
     wildcard_constraints:
         run="|".join(ALL_RUNS) or "none",
     threads: 2
+    resources:
+        gpu=0,  # GPUs of the job (the SLURM profile sets it); above 1, torchrun starts a rank per GPU
     log:
         f"{LOGS}/train_{{run}}.log",
     conda:
         CORE_ENV
     shell:
-        "arnar train --run-dir {params.run_dir} --tokens {params.tokens} --durations {input.durations}"
+        "$(test {resources.gpu} -le 1 || echo torchrun --standalone --nproc_per_node {resources.gpu} --no-python)"
+        " arnar train --run-dir {params.run_dir} --tokens {params.tokens} --durations {input.durations}"
         " --dev-tokens {params.dev_tokens} --dev-durations {input.dev_durations} --bpe {input.bpe}"
         " --threads {threads} --summary {output.summary} --resume-if-compatible"
         " --fresh-if-older-than {input.before} -- {params.overrides}"
