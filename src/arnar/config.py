@@ -16,6 +16,11 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+TRAIN_CONF_DIR = Path(__file__).resolve().parent / "conf"  # arnar.train's Hydra configs
+# params keys that name a file: (section, key) -> the folder the named Hydra config must be in.
+# Checked on load, so a typo stops `snakemake -n` naming the key instead of failing the first
+# training job after the data phase has run.
+CONFIG_FILE_KEYS = {("training", "model"): "model", ("training", "recipe"): "train"}
 
 
 class ConfigError(ValueError):
@@ -85,7 +90,21 @@ def resolve_profile(config: Mapping[str, Any], schema_path: Path = SCHEMA_PATH) 
             f"corpus: test_speakers ({corpus['test_speakers']}) must be fewer than speakers "
             f"({corpus['speakers']}) so that some speakers are left for training"
         )
+    check_named_files(resolved)
     return resolved
+
+
+def check_named_files(resolved: Mapping[str, Any]) -> None:
+    """Every key that names a file must name one that exists (the message names key and file)."""
+    for (section, key), group in CONFIG_FILE_KEYS.items():
+        name = resolved[section][key]
+        path = TRAIN_CONF_DIR / group / f"{name}.yaml"
+        if not path.is_file():
+            choices = sorted(p.stem for p in (TRAIN_CONF_DIR / group).glob("*.yaml"))
+            raise ConfigError(
+                f"{section}.{key}: {name!r} names no config file ({path} does not exist; "
+                f"choose one of {', '.join(choices)})"
+            )
 
 
 def load_params(

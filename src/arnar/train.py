@@ -64,6 +64,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from arnar.atomic import atomic_path
+from arnar.atomic import write_text as atomic_write_text
 from arnar.codec.shards import read_token_manifest
 from arnar.data.tts import BucketBatchSampler, TrainDataError, load_utterances, stable_seed, vocab_for
 from arnar.paradigms import build_paradigm
@@ -312,21 +314,9 @@ def seed_rngs(seed: int) -> None:
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    with atomic_path(path) as tmp:  # the shared atomic writer (arnar.atomic)
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _keep_step_copy(last: Path, step: int, keep: int) -> None:
@@ -413,8 +403,8 @@ class _Logger:
             return
         if self.path.exists():  # rows beyond the checkpoint were logged by a run that then died
             kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            _atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+                    if (step := _row_step(line)) is not None and step <= resume_step]
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
@@ -430,6 +420,15 @@ class _Logger:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def _row_step(line: str) -> int | None:
+    """The step of a log.jsonl row; None for a blank line or the last line of a killed run, which
+    the kill may have cut short (it is beyond the checkpoint anyway)."""
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return None
 
 
 def _clear_previous_run(run_dir: Path) -> None:
@@ -649,7 +648,7 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
         run_dir.mkdir(parents=True, exist_ok=True)
         if state.step == 0:
             _clear_previous_run(run_dir)
-        _atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         log.info("%s: %d parameters, %d training utterances (%d batches per rank per epoch), %d dev; "
                  "%d rank(s) on %s, %s", cfg.paradigm.name, n_params, len(utterances), len(sampler), len(dev),
                  ctx.world_size, device, "bf16 autocast" if amp else "float32")
@@ -805,7 +804,7 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
     if ctx.is_main:
         if finished:
             atomic_torch_save(weights_record(), run_dir / "final.pt")
-        _atomic_write_text(run_dir / "train_summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(run_dir / "train_summary.json", json.dumps(summary, indent=2) + "\n")
         log.info("trained %s: %d steps in %.0f s, train loss %.4f%s", summary["paradigm"], state.step, wall,
                  summary["final_train_loss"] or float("nan"),
                  f", dev loss {state.dev_loss:.4f}" if state.dev_loss is not None else "")
@@ -880,7 +879,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         bpe_model=args.bpe, dev_tokens=args.dev_tokens, dev_durations=args.dev_durations,
                         resume=resume, stop_after_steps=args.stop_after)
         if args.summary and os.environ.get("RANK", "0") == "0":
-            _atomic_write_text(Path(args.summary), json.dumps(summary, indent=2) + "\n")
+            atomic_write_text(Path(args.summary), json.dumps(summary, indent=2) + "\n")
     except _user_errors() as err:
         print(f"arnar train: error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,263 @@
+"""Reliability (issue 14): faulty corpora, crashes and resumption, determinism, bad configs.
+
+1. Corpus faults: one item per fault kind is injected into a copy of the smoke corpus and the DAG
+   reruns through the token phase: every faulty item is quarantined with its reason, every good
+   item reaches the manifests and the tokens, and the counts by reason are in the reports.
+2. Crash and resume: `arnar train` killed with SIGKILL at seeded random steps and rerun ends with
+   the weights and optimizer state of an uninterrupted run; the smoke DAG killed while a training
+   job runs finishes with `--rerun-incomplete` and leaves no half-written file.
+3. Determinism: that interrupted-and-resumed DAG is a second run with the same seed; its tokens,
+   checkpoints and metrics equal those of the session's uninterrupted `smoke` run.
+5. Config faults: a wrong key, type or path in params.yaml stops Snakemake before any work,
+   naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from smoke_dag import BIN, ENV, copy_workflow, snakemake
+from test_train import toy_dataset, write_spm
+
+from arnar.atomic import TMP_PREFIX
+from arnar.codec.shards import read_token_shards
+
+pytestmark = pytest.mark.slow
+
+SPLITS = ("train", "dev", "test")
+
+
+# ----------------------------------------------------------------------------- 1. corpus faults
+
+def inject_faults(corpus: Path) -> dict[str, str]:
+    """Add one item per fault kind to a training speaker of a synth corpus (test speakers are
+    left alone: the frozen test lists are built from them). Returns utt_id -> the reason's stable
+    part (`<category>: <kind>`) that ingest must give it."""
+    speakers = [line.split("\t") for line in (corpus / "speakers.tsv").read_text().splitlines()[1:]]
+    train_speakers = [row[0] for row in speakers if row[-1] == "train"]
+    home, other = corpus / train_speakers[0], corpus / train_speakers[1]
+    donor = sorted(home.glob("*.wav"))[0]
+    speech, rate = sf.read(donor, dtype="float32")
+    faults: dict[str, str] = {}
+
+    def item(utt_id: str, reason: str, text: bytes | None = b"A perfectly good sentence.\n") -> Path:
+        faults[utt_id] = reason
+        if text is not None:
+            (home / f"{utt_id}.txt").write_bytes(text)
+        return home / f"{utt_id}.wav"
+
+    wav = item("fault_truncated", "audio: truncated")
+    wav.write_bytes(donor.read_bytes()[: donor.stat().st_size // 2])  # the header still declares all of it
+    item("fault_zero_length", "audio: empty file").write_bytes(b"")
+    low = speech[:: rate // 8000]
+    sf.write(item("fault_wrong_rate", "audio: wrong sample rate"), low, 8000, subtype="PCM_16")
+    sf.write(item("fault_stereo", "audio: wrong channel count"), np.stack([speech, speech], axis=1), rate,
+             subtype="PCM_16")
+    nan = speech.copy()
+    nan[len(nan) // 2] = np.nan
+    sf.write(item("fault_nan", "audio: non-finite samples"), nan, rate, subtype="FLOAT")
+    inf = speech.copy()
+    inf[len(inf) // 3] = np.inf
+    sf.write(item("fault_inf", "audio: non-finite samples"), inf, rate, subtype="FLOAT")
+    # "clipped silence": digital silence, and speech driven to full scale
+    sf.write(item("fault_silent", "audio: silent"), np.zeros_like(speech), rate, subtype="PCM_16")
+    square = np.where(speech >= 0, 1.0, -1.0).astype(np.float32)
+    sf.write(item("fault_clipped", "audio: clipped"), square, rate, subtype="PCM_16")
+    # pairing: a transcript whose audio is missing, audio whose transcript is missing
+    item("fault_no_audio", "pairing: transcript has no audio file")
+    shutil.copyfile(donor, item("fault_no_transcript", "pairing: audio has no transcript file", text=None))
+    for utt_id, text, reason in (("fault_empty_text", b"", "transcript: empty or whitespace only"),
+                                 ("fault_blank_text", b"  \t\n \n", "transcript: empty or whitespace only"),
+                                 ("fault_not_utf8", b"caf\xe9 au lait\n", "transcript: not valid UTF-8")):
+        shutil.copyfile(donor, item(utt_id, reason, text=text))
+    # the same utterance id under two speakers: ambiguous, so both copies are quarantined
+    shutil.copyfile(donor, item("fault_duplicate", "pairing: duplicate utterance id"))
+    shutil.copyfile(donor, other / "fault_duplicate.wav")
+    (other / "fault_duplicate.txt").write_text("Another good sentence.\n")
+    return faults
+
+
+def test_corpus_faults_are_quarantined_and_good_items_reach_the_tokens(smoke, tmp_path):
+    work = tmp_path / "faulty"
+    shutil.copytree(smoke, work, symlinks=True)
+    corpus = work / "data/smoke/corpus"
+    good = sorted(p.stem for p in corpus.glob("*/*.wav"))
+    faults = inject_faults(corpus)
+    snakemake(work, "data", "tokens", "--forcerun", "manifests")
+
+    manifests = work / "data/smoke/manifests"
+    rows = [line.split("\t") for line in (manifests / "quarantine.tsv").read_text().splitlines()[1:]]
+    reasons: dict[str, list[str]] = {}
+    for utt_id, _path, reason in rows:
+        reasons.setdefault(utt_id, []).append(reason)
+    assert set(reasons) == set(faults)
+    for utt_id, expected in faults.items():
+        assert all(r.startswith(f"{expected}") for r in reasons[utt_id]), (utt_id, reasons[utt_id])
+    assert len(reasons["fault_duplicate"]) == 2  # one row per copy
+    assert (work / "results/smoke/data/quarantine.tsv").read_text() == (manifests / "quarantine.tsv").read_text()
+
+    # every good item past ingest and tokenization, in the split it had before the faults came
+    for codec in ("offline", "offline_rvq"):
+        tokenized = set()
+        for split in SPLITS:
+            ids = {json.loads(line)["id"] for line in (manifests / f"{split}_cuts.jsonl").read_text().splitlines()}
+            before = {json.loads(line)["id"] for line in
+                      (smoke / f"data/smoke/manifests/{split}_cuts.jsonl").read_text().splitlines()}
+            assert ids == before, split
+            tokens = set(read_token_shards(work / f"data/smoke/tokens/{codec}/{split}"))
+            assert tokens == ids, (codec, split)
+            tokenized |= tokens
+        assert tokenized == set(good)
+
+    # the counts by reason, in the ingest summary and the published corpus report alike
+    expected_counts: dict[str, int] = {}
+    for utt_id, reason in faults.items():
+        expected_counts[reason] = expected_counts.get(reason, 0) + len(reasons[utt_id])
+    for report in (manifests / "summary.json", work / "results/smoke/data/corpus.json"):
+        summary = json.loads(report.read_text())
+        assert summary["quarantined"]["by_reason"] == expected_counts, report
+        assert summary["quarantined"]["total"] == len(faults) + 1  # the duplicate counts twice
+        assert summary["accepted"] == len(good)
+
+
+# ----------------------------------------------------------------------------- 2a. SIGKILL and resume
+
+# Small enough to run in seconds, big enough that a step takes long enough to be caught by polling.
+TRAIN_OVERRIDES = ["paradigm=nar", "model=tiny", "model.dim=48", "model.n_layers=2", "model.n_heads=2",
+                   "model.dropout=0.2", "train.progress=false", "train.max_steps=40", "train.warmup_steps=4",
+                   "train.max_tokens=400", "train.log_every=1", "train.eval_every=8", "train.ckpt_every=5",
+                   "train.keep_checkpoints=1"]
+
+
+@pytest.fixture(scope="module")
+def train_data(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("kill_data")
+    paths = toy_dataset(root, n=48)
+    paths["bpe"] = write_spm(root / "bpe.model")
+    dev = toy_dataset(root / "dev", n=8, seed=1)
+    paths["dev_tokens"], paths["dev_durations"] = dev["tokens"], dev["durations"]
+    return paths
+
+
+def train_command(data: dict[str, Path], run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "arnar.train", "--run-dir", str(run_dir), "--tokens", str(data["tokens"]),
+            "--durations", str(data["durations"]), "--bpe", str(data["bpe"]),
+            "--dev-tokens", str(data["dev_tokens"]), "--dev-durations", str(data["dev_durations"]),
+            "--threads", "1", "--", *TRAIN_OVERRIDES]
+
+
+def logged_steps(run_dir: Path) -> int:
+    """The last step in log.jsonl (0 before the first); a line cut by a kill is ignored."""
+    try:
+        lines = (run_dir / "log.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [0]
+    for line in lines:
+        try:
+            steps.append(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            pass
+    return max(steps)
+
+
+def kill_at_step(command: list[str], run_dir: Path, step: int, log: Path) -> int:
+    """Start training, SIGKILL it once it has logged ``step``; return the last step it logged."""
+    with log.open("a") as err:
+        process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 300
+        while logged_steps(run_dir) < step:
+            assert process.poll() is None, f"training ended before step {step}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "training made no progress"
+            time.sleep(0.005)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    return logged_steps(run_dir)
+
+
+def test_training_killed_at_random_steps_resumes_to_identical_weights(train_data, tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(train_command(train_data, straight), env=ENV, check=True, capture_output=True)
+    # two kills at seeded random steps between checkpoints (every 5 steps): the resumed run
+    # redoes the steps after the last checkpoint (one kill may come before the first checkpoint)
+    kills = sorted(random.Random(14).sample([s for s in range(2, 38) if s % 5], 2))
+    log = tmp_path / "killed.log"
+    lost = []  # (last step logged, step of the checkpoint the next run resumes from) per kill
+    for step in kills:
+        reached = kill_at_step(train_command(train_data, killed), killed, step, log)
+        assert not (killed / "final.pt").exists()
+        last = killed / "checkpoints" / "last.pt"
+        lost.append((reached, torch.load(last, weights_only=False)["step"] if last.exists() else 0))
+    subprocess.run(train_command(train_data, killed), env=ENV, check=True, stdout=subprocess.DEVNULL,
+                   stderr=log.open("a"))
+    assert "resumed" in log.read_text()
+    assert any(reached > saved for reached, saved in lost), f"no kill landed between checkpoints: {lost}"
+
+    # the same weights and optimizer state, tensor for tensor, as the run nobody interrupted
+    a = torch.load(straight / "final.pt", weights_only=False)
+    b = torch.load(killed / "final.pt", weights_only=False)
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    a = torch.load(straight / "checkpoints" / "last.pt", weights_only=False)
+    b = torch.load(killed / "checkpoints" / "last.pt", weights_only=False)
+    assert a["step"] == b["step"] == 40
+    assert_same_optimizer(a["optimizer"], b["optimizer"])
+    assert same_losses(straight) == same_losses(killed)  # the log rows of redone steps were replaced
+    assert not list(killed.rglob(f"{TMP_PREFIX}*")) and not list(killed.rglob("*.tmp"))
+
+
+def assert_same_optimizer(a: dict, b: dict) -> None:
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys()
+    for index, state in a["state"].items():
+        for name, value in state.items():
+            other = b["state"][index][name]
+            assert torch.equal(value, other) if torch.is_tensor(value) else value == other, (index, name)
+
+
+def same_losses(run_dir: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    return [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
+
+
+# ----------------------------------------------------------------------------- 5. config faults
+
+@pytest.mark.parametrize("edit, named", [
+    # a wrong key: a typo inside a section
+    (("silence_dbfs: -60.0", "silence_dbs: -60.0"), "validation: Additional properties are not allowed "
+                                                    "('silence_dbs' was unexpected)"),
+    # a wrong type, inside a profile preset (test_pipeline checks a top-level one)
+    (("{speakers: 6, utterances_per_speaker: 8,", "{speakers: six, utterances_per_speaker: 8,"),
+     "profiles.smoke.corpus.speakers: 'six' is not of type 'integer'"),
+    # a wrong path: a file named by a key that does not exist
+    (("recipe: smoke,", "recipe: smoek,"), "training.recipe: 'smoek' names no config file"),
+    (("training: {model: tiny,", "training: {model: tiny.yaml,"), "training.model: 'tiny.yaml' names no config file"),
+])
+def test_config_fault_stops_before_any_work_naming_the_key(tmp_path, edit, named):
+    work = copy_workflow(tmp_path / "bad")
+    params = work / "params.yaml"
+    text = params.read_text()
+    assert text.count(edit[0]) == 1, edit
+    params.write_text(text.replace(*edit))
+    for dry in (["-n"], []):  # the dry run and the real one
+        result = snakemake(work, *dry, check=False)
+        assert result.returncode != 0
+        assert named in result.stdout + result.stderr
+    assert not (work / "data").exists() and not (work / "results").exists() and not (work / "logs").exists()
