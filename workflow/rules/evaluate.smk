@@ -13,6 +13,10 @@ EVAL = P["evaluation"]
 SYSTEMS = (["ground_truth"] + [f"resynth_{codec}" for codec in P["codec"]["resynthesis"]]
            + PARADIGMS)  # the paradigms' evaluated systems (train.smk)
 ASR_ARGS = " ".join(f"--asr {name}" for name in EVAL["asr"])
+# The hub models (Whisper large-v3, HuBERT-Large, WavLM, UTMOSv2) want a GPU on a cluster
+# (resource `gpu`, which the SLURM executor turns into sbatch --gpus); pocketsphinx and
+# resemblyzer run on CPUs.
+EVAL_GPUS = int(bool({"whisper", "hubert"} & set(EVAL["asr"])) or EVAL["sim"] == "wavlm" or EVAL["mos"])
 
 
 
@@ -84,6 +88,8 @@ rule evaluate_system:
         sim=EVAL["sim"],
         mos="--mos" if EVAL["mos"] else "",
         d_llm=EVAL["d_llm"],
+    resources:
+        gpu=EVAL_GPUS,
     log:
         f"{LOGS}/evaluate_{{system}}_{{task}}.log",
     conda:
@@ -107,6 +113,8 @@ rule ground_truth_audit:
         cuts=lambda wildcards, input: " ".join(f"--cuts {c}" for c in input.cuts),
         asr=ASR_ARGS,
         sim=EVAL["sim"],
+    resources:
+        gpu=EVAL_GPUS,
     log:
         f"{LOGS}/ground_truth_audit.log",
     conda:

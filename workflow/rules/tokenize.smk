@@ -40,6 +40,8 @@ rule tokenize:
     wildcard_constraints:
         split="train|dev|test",
         codec="offline|offline_rvq|s3|dac",
+    resources:
+        gpu=lambda wildcards: int(wildcards.codec in ("s3", "dac")),  # hub codecs: a GPU on a cluster
     log:
         f"{LOGS}/tokenize_{{codec}}_{{split}}.log",
     conda:
