@@ -93,6 +93,30 @@ def cmd_corpus_report(args: argparse.Namespace) -> None:
     os.replace(tmp, out)
 
 
+def _mirrors(args: argparse.Namespace) -> dict:
+    return {key: url for key, url in (("openslr", args.mirror_openslr), ("mls", args.mirror_mls)) if url}
+
+
+def cmd_corpus_download(args: argparse.Namespace) -> None:
+    from arnar.data.recipes import download_part
+
+    extracted = download_part(args.source, args.part, Path(args.download_dir), mirrors=_mirrors(args),
+                              mls_audio=args.mls_audio, retries=args.retries,
+                              keep_archive=not args.remove_archive)
+    log.info("%s %s: verified and extracted in %s", args.source, args.part, extracted)
+
+
+def cmd_corpus_prepare(args: argparse.Namespace) -> None:
+    from arnar.data.recipes import prepare_corpus
+
+    mls_options = {"audio": args.mls_audio, "min_snr": args.mls_min_snr, "min_c50": args.mls_min_c50,
+                   "estimator": args.mls_estimator, "brouhaha_model": args.mls_brouhaha_model}
+    summary = prepare_corpus(args.corpus, Path(args.download_dir), Path(args.out), sample_rate=args.sample_rate,
+                             libritts_parts=args.libritts_parts, mls_options=mls_options, workers=args.workers)
+    log.info("corpus %s: %d utterances, %d speakers, %.2f h", args.corpus, summary["utterances"],
+             summary["speakers"], summary["hours"])
+
+
 def cmd_testlists(args: argparse.Namespace) -> None:
     from arnar.evaluate.testlists import TASKS, build_testlists, frozen_path, to_tsv, verify_testlist
 
@@ -384,6 +408,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--quarantine-out", required=True)
     p.set_defaults(func=cmd_corpus_report)
+
+    # Paper-scale corpora (arnar.data.recipes): `arnar corpus download`, then `arnar corpus prepare`.
+    p = sub.add_parser("corpus", help="download and lay out a paper-scale corpus (libritts, mls)")
+    corpus_sub = p.add_subparsers(dest="corpus_command", required=True)
+
+    def add_download_options(q):
+        q.add_argument("--download-dir", required=True, help="archives and extracted sources")
+        q.add_argument("--mls-audio", choices=["flac", "opus"], default="flac")
+
+    q = corpus_sub.add_parser("download", help="download, verify and extract one part of a source")
+    q.add_argument("--source", required=True, choices=["libritts", "librispeech", "mls"])
+    q.add_argument("--part", required=True, help="e.g. train-clean-100, test-clean; english for mls")
+    add_download_options(q)
+    q.add_argument("--mirror-openslr", help="base URL replacing https://www.openslr.org/resources")
+    q.add_argument("--mirror-mls", help="base URL replacing https://dl.fbaipublicfiles.com/mls")
+    q.add_argument("--retries", type=int, default=3, help="automatic resumes after a dropped connection")
+    q.add_argument("--remove-archive", action="store_true", help="delete the archive once extracted")
+    q.set_defaults(func=cmd_corpus_download)
+
+    q = corpus_sub.add_parser("prepare", help="lay out the downloaded sources as a corpus folder for ingest")
+    q.add_argument("--corpus", required=True, choices=["libritts", "mls"])
+    add_download_options(q)
+    q.add_argument("--out", required=True)
+    q.add_argument("--sample-rate", type=int, required=True)
+    q.add_argument("--libritts-parts", nargs="*", default=["train-clean-100", "train-clean-360", "train-other-500"])
+    q.add_argument("--mls-min-snr", type=float, default=55.0)
+    q.add_argument("--mls-min-c50", type=float, default=55.0)
+    q.add_argument("--mls-estimator", choices=["auto", "brouhaha", "offline"], default="auto")
+    q.add_argument("--mls-brouhaha-model", default="ylacombe/brouhaha-best", help="hub id or path to best.ckpt")
+    q.add_argument("--workers", type=int, default=1)
+    q.set_defaults(func=cmd_corpus_prepare)
 
     p = sub.add_parser("align", help="forced-align one split; failures are quarantined with the reason")
     p.add_argument("--aligner", required=True, choices=["pocketsphinx", "mfa", "oracle"])

@@ -1,31 +1,102 @@
 # Data phase: corpus -> validated lhotse manifests (+ quarantine report) -> text tokenizers.
 
+from arnar.data.manifests import CorpusError
+
 CORPUS = P["corpus"]
 VALIDATION = P["validation"]
 
-if CORPUS["name"] != "synth":
-    corpus_recipe_rule_missing(CORPUS["name"])
+if CORPUS["name"] == "synth":
 
+    rule synth_corpus:
+        """Synthesize the embedded multi-speaker corpus from Debian's offline synthesizers."""
+        output:
+            corpus=directory(f"{DATA}/corpus"),
+        params:
+            speakers=CORPUS["speakers"],
+            utterances=CORPUS["utterances_per_speaker"],
+            test_speakers=CORPUS["test_speakers"],
+            sample_rate=CORPUS["sample_rate"],
+            seed=P["seed"],
+        threads: P["workers"]
+        log:
+            f"{LOGS}/synth_corpus.log",
+        conda:
+            CORE_ENV
+        shell:
+            "arnar synth --out {output.corpus} --speakers {params.speakers}"
+            " --utterances-per-speaker {params.utterances} --test-speakers {params.test_speakers}"
+            " --sample-rate {params.sample_rate} --seed {params.seed} --workers {threads} 2> {log}"
 
-rule synth_corpus:
-    """Synthesize the embedded multi-speaker corpus from Debian's offline synthesizers."""
-    output:
-        corpus=directory(f"{DATA}/corpus"),
-    params:
-        speakers=CORPUS["speakers"],
-        utterances=CORPUS["utterances_per_speaker"],
-        test_speakers=CORPUS["test_speakers"],
-        sample_rate=CORPUS["sample_rate"],
-        seed=P["seed"],
-    threads: P["workers"]
-    log:
-        f"{LOGS}/synth_corpus.log",
-    conda:
-        CORE_ENV
-    shell:
-        "arnar synth --out {output.corpus} --speakers {params.speakers}"
-        " --utterances-per-speaker {params.utterances} --test-speakers {params.test_speakers}"
-        " --sample-rate {params.sample_rate} --seed {params.seed} --workers {threads} 2> {log}"
+else:
+    # Downloaded corpora (src/arnar/data/recipes): every archive the corpus needs is downloaded,
+    # verified and extracted once into corpus.download_dir (shared by the profiles; a dry run
+    # never downloads), then laid out as the corpus folder that the manifests rule ingests.
+    from arnar.data.recipes import required_archives
+
+    DOWNLOADS = CORPUS["download_dir"]
+    try:
+        CORPUS_ARCHIVES = required_archives(CORPUS["name"], CORPUS["libritts_parts"],
+                                            mirrors=CORPUS["mirrors"], mls_audio=CORPUS["mls"]["audio"])
+    except CorpusError as err:
+        raise WorkflowError(f"params.yaml: {err}")
+    MLS = CORPUS["mls"]
+    # Brouhaha (the MLS filter's estimator) wants a GPU; the offline estimator runs on CPUs.
+    PREPARE_GPUS = int(CORPUS["name"] == "mls" and MLS["estimator"] != "offline")
+
+    wildcard_constraints:
+        source="libritts|librispeech|mls",
+        part="[a-z0-9-]+",
+
+    rule corpus_download:
+        """Download one archive (HTTP Range resume), verify its checksum, extract it; the stamp
+        records the URL, size, sha256 and what was verified."""
+        output:
+            stamp=f"{DOWNLOADS}/{{source}}/{{part}}.json",
+        params:
+            download_dir=DOWNLOADS,
+            openslr=CORPUS["mirrors"].get("openslr", ""),
+            mls=CORPUS["mirrors"].get("mls", ""),
+            mls_audio=MLS["audio"],
+        log:
+            f"{LOGS}/corpus_download_{{source}}_{{part}}.log",
+        conda:
+            CORE_ENV
+        shell:
+            "arnar corpus download --source {wildcards.source} --part {wildcards.part}"
+            " --download-dir {params.download_dir} --mls-audio {params.mls_audio}"
+            " --mirror-openslr '{params.openslr}' --mirror-mls '{params.mls}' 2> {log}"
+
+    rule corpus_prepare:
+        """Lay out the downloaded sources as the corpus folder: LibriTTS (and filtered MLS)
+        readers for training, LibriSpeech test-clean readers as the test set; audio resampled
+        to corpus.sample_rate."""
+        input:
+            stamps=[f"{DOWNLOADS}/{a.source}/{a.part}.json" for a in CORPUS_ARCHIVES],
+        output:
+            corpus=directory(f"{DATA}/corpus"),
+        params:
+            name=CORPUS["name"],
+            download_dir=DOWNLOADS,
+            sample_rate=CORPUS["sample_rate"],
+            parts=" ".join(CORPUS["libritts_parts"]),
+            mls_audio=MLS["audio"],
+            mls_estimator=MLS["estimator"],
+            mls_model=MLS["brouhaha_model"],
+            mls_min_snr=MLS["min_snr"],
+            mls_min_c50=MLS["min_c50"],
+        threads: P["workers"]
+        resources:
+            gpu=PREPARE_GPUS,
+        log:
+            f"{LOGS}/corpus_prepare.log",
+        conda:
+            CORE_ENV
+        shell:
+            "arnar corpus prepare --corpus {params.name} --download-dir {params.download_dir}"
+            " --out {output.corpus} --sample-rate {params.sample_rate} --libritts-parts {params.parts}"
+            " --mls-audio {params.mls_audio} --mls-estimator {params.mls_estimator}"
+            " --mls-brouhaha-model '{params.mls_model}' --mls-min-snr {params.mls_min_snr}"
+            " --mls-min-c50 {params.mls_min_c50} --workers {threads} 2> {log}"
 
 
 rule manifests:
