@@ -11,19 +11,14 @@ import argparse
 import inspect
 import json
 import logging
-import os
 import shutil
 import sys
 from pathlib import Path
 
+from arnar.atomic import atomic_path  # every output is written through arnar.atomic
+from arnar.atomic import write_text as _atomic_write_text
+
 log = logging.getLogger("arnar")
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp.{path.name}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def cmd_config(args: argparse.Namespace) -> None:
@@ -87,10 +82,8 @@ def cmd_corpus_report(args: argparse.Namespace) -> None:
     if corpus_summary.exists():
         summary["synthesis"] = json.loads(corpus_summary.read_text(encoding="utf-8"))
     _atomic_write_text(Path(args.out), json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    out = Path(args.quarantine_out)
-    tmp = out.with_name(f".tmp.{out.name}")
-    shutil.copyfile(args.quarantine, tmp)
-    os.replace(tmp, out)
+    with atomic_path(args.quarantine_out) as tmp:
+        shutil.copyfile(args.quarantine, tmp)
 
 
 def _mirrors(args: argparse.Namespace) -> dict:
@@ -312,9 +305,8 @@ def cmd_resynthesize(args: argparse.Namespace) -> None:
         prompt, _ = load_mono(Path(args.prompts) / f"{item.item_id}.wav", codec.sample_rate)
         codes = codec.encode([target], codec.sample_rate)[0]
         audio = codec.decode([codes], **({"prompt_audio": [prompt]} if takes_prompt_audio else {}))[0]
-        tmp = out / f".tmp.{item.item_id}.wav"
-        sf.write(str(tmp), audio, codec.sample_rate, subtype="PCM_16", format="WAV")
-        os.replace(tmp, out / f"{item.item_id}.wav")
+        with atomic_path(out / f"{item.item_id}.wav") as tmp:
+            sf.write(str(tmp), audio, codec.sample_rate, subtype="PCM_16", format="WAV")
     log.info("resynthesized %d items with %s", len(items), args.codec)
 
 
@@ -353,7 +345,8 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
     prompt, rate = synth.read_prompt(args.prompt_wav)
     audio, record = synth.synthesize(args.text, prompt, args.prompt_text, rate, seed=args.seed)
     try:
-        sf.write(args.out, audio, synth.codec.sample_rate, subtype="PCM_16")
+        with atomic_path(args.out) as tmp:  # the format from the extension, which the temporary name keeps
+            sf.write(str(tmp), audio, synth.codec.sample_rate, subtype="PCM_16")
     except (sf.SoundFileError, OSError, TypeError) as err:  # TypeError: no audio format for the extension
         raise SynthesisInputError(f"--out {args.out}: cannot write ({err})") from None
     log.info("wrote %s (%.2f s, %s)", args.out, len(audio) / synth.codec.sample_rate, json.dumps(record))

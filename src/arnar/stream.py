@@ -36,7 +36,6 @@ import argparse
 import io
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,6 +44,8 @@ from typing import Any, TextIO
 
 import numpy as np
 import torch
+
+from arnar import atomic
 
 log = logging.getLogger("arnar.stream")
 
@@ -217,9 +218,8 @@ class ChunkDecoder:
 def _write_wav(path: Path, audio: np.ndarray, rate: int) -> None:
     import soundfile as sf
 
-    tmp = path.with_name(f".tmp.{path.name}")
-    sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
-    os.replace(tmp, path)
+    with atomic.atomic_path(path) as tmp:
+        sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
 
 
 # ----------------------------------------------------------------------------- command line
@@ -311,7 +311,7 @@ def stream_main(args: argparse.Namespace) -> dict[str, Any]:
         "token_seconds_streamed": streamed["seconds"],
         "chunks": streamed["chunks"],
     })
-    (out / "latency.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic.write_text(out / "latency.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
 
 

@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from arnar import atomic
 from arnar.align.base import (
     AlignerUnavailableError,
     AlignItem,
@@ -129,12 +130,8 @@ def write_dictionary(words: Iterable[str], path: str | Path) -> dict[str, list[t
         prons = stressed_pronunciations(word)
         if prons:
             entries[word] = prons
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for word, prons in entries.items():
-            for pron in prons:
-                f.write(f"{word}\t{' '.join(pron)}\n")
+    atomic.write_text(path, "".join(f"{word}\t{' '.join(pron)}\n" for word, prons in entries.items()
+                                    for pron in prons))
     return entries
 
 

@@ -109,6 +109,7 @@ from typing import Any
 
 import numpy as np
 
+from arnar import atomic
 from arnar.codec.base import CodecError, check_clips, register_codec, state_dict_hash
 
 __all__ = [
@@ -867,7 +868,7 @@ def train_offline_codec(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     _save_state(state, out_dir / WEIGHTS)
-    (out_dir / CONFIG).write_text(json.dumps(config, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    atomic.write_text(out_dir / CONFIG, json.dumps(config, indent=1, sort_keys=True) + "\n")
     n_params = {name: sum(int(p.numel()) for p in m.parameters())
                 for name, m in (("encoder", encoder), ("decoder", decoder))}
     timings["total"] = round(time.perf_counter() - t_start, 2)
@@ -888,16 +889,15 @@ def train_offline_codec(
         "seconds": timings,
         "threads": threads,
     }
-    (out_dir / REPORT).write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    atomic.write_text(out_dir / REPORT, json.dumps(report, indent=1, sort_keys=True) + "\n")
     log.info("trained offline codec in %.1f s -> %s", timings["total"], out_dir)
     return report
 
 
 def _save_state(state: dict, path: Path) -> None:
     torch = _torch()
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, str(tmp))
-    os.replace(tmp, path)
+    with atomic.atomic_path(path) as tmp:
+        torch.save(state, str(tmp))
 
 
 # --------------------------------------------------------------------------- the codec

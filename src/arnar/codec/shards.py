@@ -33,7 +33,6 @@ import io
 import json
 import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from arnar.atomic import atomic_path
 from arnar.codec.base import Codec, codec_info
 
 __all__ = [
@@ -70,16 +70,10 @@ class StaleTokensError(TokenShardError):
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before it is named: token sets are cached and shared (DVC)
 
 
 def _unlink(path: str | Path) -> None:

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from arnar.atomic import atomic_path
+
 __all__ = ["CodFeaturesError", "build_features", "main"]
 
 log = logging.getLogger(__name__)
@@ -107,10 +109,8 @@ def build_features(cuts_jsonl: str | os.PathLike, out_path: str | os.PathLike, *
         raise CodFeaturesError(f"{cuts_path}: no cut with phonemes ({len(left_out)} cuts, all without)")
     if left_out:
         log.warning("%s: %d cuts without phonemes left out: %s", cuts_path, len(left_out), ", ".join(left_out[:10]))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp.{out.name}")
-    torch.save(table, tmp)
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        torch.save(table, tmp)
     summary = {"utterances": len(table), "left_out": left_out, "phoneme_vocab_size": tokenizer.vocab_size,
                "speaker_dim": int(next(iter(table.values()))["speaker"].numel()), "speaker_encoder": encoder.name}
     log.info("CoD features of %s -> %s: %d utterances (%d left out), %d phoneme ids, %d-d %s speaker embeddings",

@@ -25,7 +25,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 from lhotse.supervision import AlignmentItem
 from tqdm import tqdm
 
+from arnar import atomic
 from arnar.data.validate import ItemCheck, ValidationLimits, check_item
 
 SPLITS = ("train", "dev", "test")
@@ -148,9 +148,8 @@ def _read_alignment(item: RawItem, duration: float) -> tuple[dict | None, str | 
 
 
 def _write_jsonl_atomic(manifest, path: Path) -> None:
-    tmp = path.with_name(f".tmp.{path.name}")  # keeps the .jsonl suffix lhotse reads the format from
-    manifest.to_file(tmp)
-    os.replace(tmp, path)
+    with atomic.atomic_path(path) as tmp:  # keeps the .jsonl suffix lhotse reads the format from
+        manifest.to_file(tmp)
 
 
 def ingest_corpus(
@@ -233,14 +232,7 @@ def ingest_corpus(
     summary["hours"] = round(sum(s["hours"] for s in summary["splits"].values()), 4)
     summary["alignment_problems"] = alignment_notes
 
-    report = out_dir / "quarantine.tsv"
-    tmp = report.with_name(report.name + ".tmp")
-    with tmp.open("w", encoding="utf-8", newline="") as handle:
-        handle.write("utt_id\tpath\treason\n")
-        for utt_id, path, reason in quarantined:
-            handle.write(f"{utt_id}\t{path}\t{reason}\n")
-    os.replace(tmp, report)
-    tmp = out_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, out_dir / "summary.json")
+    atomic.write_text(out_dir / "quarantine.tsv", "utt_id\tpath\treason\n" + "".join(
+        f"{utt_id}\t{path}\t{reason}\n" for utt_id, path, reason in quarantined))
+    atomic.write_text(out_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary

@@ -58,6 +58,8 @@ import wave
 from dataclasses import dataclass
 from pathlib import Path
 
+from arnar import atomic
+
 __all__ = [
     "BASE_VOICES",
     "MAX_SPEAKERS",
@@ -472,12 +474,6 @@ def _run_job(job: tuple) -> list[tuple[str, int, bool]]:
 # --------------------------------------------------------------------------- builder
 
 
-def _atomic_write(path: Path, data: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 _UTT_FILE = re.compile(r"^(spk\d+)_\d+\.(wav|txt|align\.json)$")
 
 
@@ -598,7 +594,7 @@ def build_synth_corpus(
             bar.close()
         shutil.rmtree(out_dir / ".tmp", ignore_errors=True)
 
-    _atomic_write(out_dir / "speakers.tsv", header + rows)
+    atomic.write_text(out_dir / "speakers.tsv", header + rows)
     _remove_stale(out_dir, {s.speaker for s in speakers}, set(results))
 
     def split_stats(names: list[str]) -> dict:
@@ -633,11 +629,11 @@ def build_synth_corpus(
         "sentences_available": len(sentences),
         "tools": _tool_versions(synths),
     }
-    _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    atomic.write_text(out_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=False) + "\n")
     wall = time.perf_counter() - t0
     log = {"build_seconds": round(wall, 3), "x_real_time": round(total_s / wall, 1),
            "workers": workers, "jobs": len(jobs)}
-    _atomic_write(out_dir / "build_log.json", json.dumps(log, indent=2) + "\n")
+    atomic.write_text(out_dir / "build_log.json", json.dumps(log, indent=2) + "\n")
     return {**summary, **log}
 
 

@@ -11,9 +11,9 @@ a character the model never saw is encoded as its UTF-8 bytes (``<0xE6>`` ...), 
 The model is written through sentencepiece's ``model_writer`` rather than a ``model_prefix``,
 so no temporary path ends up inside the model proto: two trainings on the same input give
 byte-identical ``.model`` files. ``<prefix>.vocab`` (``piece<TAB>score`` per line, the same
-layout sentencepiece writes) is written from the trained model. Both files are written into a
-temporary directory next to the destination and moved into place with ``os.replace``
-(``.vocab`` first, ``.model`` last), so a crash never leaves a half-written model.
+layout sentencepiece writes) is written from the trained model. Both files are written
+atomically (:mod:`arnar.atomic`; ``.vocab`` first, ``.model`` last), so a crash never leaves a
+half-written model.
 
 Special ids: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, ``<pad>`` 3, then the 256 byte pieces, then
 characters and merges. :meth:`BpeTokenizer.encode` adds no BOS/EOS.
@@ -37,14 +37,13 @@ import io
 import logging
 import os
 import re
-import shutil
-import tempfile
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
+from arnar import atomic
 from arnar.text.normalize import TokenizerError, normalize_text
 
 __all__ = ["BpeTokenizer", "BpeError", "VocabSizeClampedWarning", "train_bpe", "WORD_START"]
@@ -278,14 +277,8 @@ def train_bpe(
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
     model_path = out_prefix.with_name(out_prefix.name + ".model")
     vocab_path = out_prefix.with_name(out_prefix.name + ".vocab")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_prefix.name}.", dir=out_prefix.parent))
-    try:
-        (tmp / "m.model").write_bytes(model)
-        (tmp / "m.vocab").write_text(_vocab_text(tok._sp), encoding="utf-8")
-        os.replace(tmp / "m.vocab", vocab_path)
-        os.replace(tmp / "m.model", model_path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    atomic.write_text(vocab_path, _vocab_text(tok._sp))
+    atomic.write_bytes(model_path, model)
     tok.path = model_path
     log.info("trained BPE: %d sentences, vocab %d -> %s", len(data), tok.vocab_size, model_path)
     return tok

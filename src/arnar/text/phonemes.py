@@ -72,7 +72,6 @@ import logging
 import os
 import re
 import string
-import tempfile
 import time
 import unicodedata
 from collections import Counter
@@ -80,6 +79,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from arnar import atomic
 from arnar.text.normalize import TokenizerError, normalize_text
 
 __all__ = [
@@ -605,17 +605,7 @@ class PhonemeTokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write JSON atomically (temp file + ``os.replace``); stable key order."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic.write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> PhonemeTokenizer:
