@@ -9,6 +9,7 @@
 
 import json
 import os
+import re
 
 from arnar.config import ConfigError, resolve_profile
 

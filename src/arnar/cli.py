@@ -187,6 +187,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         eval_dir=Path(args.eval_dir), testlist_dir=Path(args.testlists), prompts_dir=Path(args.prompts),
         systems_dir=Path(args.systems_dir), systems=args.systems, out_dir=Path(args.out_dir),
         samples=args.samples, profile=args.profile, train_dir=Path(args.train_dir) if args.train_dir else None,
+        layout=json.loads(args.layout) if args.layout else None,
     )
 
 
@@ -323,6 +324,12 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
         raise SynthesisInputError(f"--decoding: not JSON ({err})") from None
     if not isinstance(decoding, dict):
         raise SynthesisInputError(f"--decoding: expected a JSON object of options, got {args.decoding!r}")
+    # a synthesis option, not the paradigm's: speak each test item for its ground-truth duration
+    target_duration = decoding.pop("target_duration", None)
+    if target_duration not in (None, "ground_truth"):
+        raise SynthesisInputError(f"--decoding: target_duration must be 'ground_truth', got {target_duration!r}")
+    if target_duration and not args.testlist:
+        raise SynthesisInputError("--decoding: target_duration 'ground_truth' needs --testlist (its items' durations)")
     if args.testlist:
         if not (args.prompts and args.out):
             raise SynthesisInputError("--testlist needs --prompts and --out")
@@ -338,7 +345,8 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
     synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
                         device=args.device, decoding=decoding, checkpoint=args.checkpoint)
     if args.testlist:
-        synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed)
+        synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed,
+                            ground_truth_duration=bool(target_duration))
         return
     synth.text_ids(args.text, "--text")  # the text's errors before the prompt is read
     synth.text_ids(args.prompt_text, "--prompt-text")
@@ -567,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--train-dir", help="folder of training summaries <system>.json (training table)")
+    p.add_argument("--layout", help="JSON: reference rows, comparison systems with their seed replicas, grids, "
+                                    "system -> run, system -> tasks (workflow/rules/runs.smk report_layout)")
     p.set_defaults(func=cmd_report)
     return parser
 

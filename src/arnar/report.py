@@ -13,6 +13,8 @@ import html
 import json
 import os
 import shutil
+import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -21,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on these machines
 import matplotlib.pyplot as plt  # noqa: E402
 
+from arnar.ablations import GRIDS, grid_rows, value_name  # noqa: E402
 from arnar.evaluate.testlists import TASKS, read_testlist  # noqa: E402
 
 TASK_TITLES = {"continuation": "Continuation", "cross_sentence": "Cross-sentence"}
@@ -38,11 +41,36 @@ def _atomic_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def load_results(eval_dir: Path, systems: Sequence[str]) -> dict[str, dict[str, dict]]:
+@dataclass
+class Layout:
+    """What the report knows of the systems (built by the DAG, ``workflow/rules/runs.smk``):
+    reference rows; the comparison's systems, each with its seed replicas (itself first); the
+    grids' values (:mod:`arnar.ablations`); named ablations; each system's training run; the
+    tasks of systems that do not speak every task."""
+
+    references: list[str]
+    comparison: dict[str, list[str]]
+    grids: dict[str, list] = field(default_factory=dict)
+    ablations: list[str] = field(default_factory=list)
+    runs: dict[str, str] = field(default_factory=dict)
+    tasks: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def plain(cls, systems: Sequence[str]) -> "Layout":
+        """Without a layout: every system a row of its own, one seed, every task."""
+        return cls(references=[], comparison={s: [s] for s in systems})
+
+    def tasks_of(self, system: str) -> list[str]:
+        return self.tasks.get(system, list(TASKS))
+
+
+def load_results(eval_dir: Path, systems: Sequence[str], layout: Layout | None = None) -> dict[str, dict[str, dict]]:
+    """``results[system][task]``: the evaluation of every task each system speaks."""
+    layout = layout or Layout.plain(systems)
     results = {}
     for system in systems:
         results[system] = {}
-        for task in TASKS:
+        for task in layout.tasks_of(system):
             path = eval_dir / system / f"{task}.json"
             if not path.exists():
                 raise FileNotFoundError(f"{path}: evaluation result missing for system {system!r}")
@@ -50,80 +78,260 @@ def load_results(eval_dir: Path, systems: Sequence[str]) -> dict[str, dict[str, 
     return results
 
 
-def comparison_table(results: dict[str, dict[str, dict]]) -> str:
-    """One Markdown table per task, palle.txt Table 3 columns."""
-    first = next(iter(results.values()))[TASKS[0]]
+# --- numbers over seeds -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A metric over the synthesis seeds of one system: mean, sample standard deviation (None
+    for a single seed) and the number of seeds."""
+
+    mean: float
+    sd: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Stat | None":
+        values = [v for v in values if v is not None]
+        if not values:
+            return None
+        sd = float(statistics.stdev(values)) if len(values) > 1 else None
+        return cls(float(statistics.fmean(values)), sd, len(values))
+
+    def format(self, digits: int = 2) -> str:
+        if self.sd is None:
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.sd:.{digits}f}"
+
+
+def first_asr(r: dict) -> dict:
+    return next(iter(r["asr"].values()))
+
+
+METRICS = {  # name -> how to read it from one evaluation result
+    "wer": lambda r: first_asr(r)["wer_corpus"],
+    "sim": lambda r: r["sim"]["mean"],
+    "rtf": lambda r: (r.get("speed") or {}).get("rtf_token_stage"),
+    "fpl_l": lambda r: (r.get("speed") or {}).get("fpl_l"),
+    "passes": lambda r: (r.get("speed") or {}).get("forward_passes"),
+}
+
+
+def stat(results: dict, replicas: Sequence[str], task: str, read) -> Stat | None:
+    return Stat.of([read(results[s][task]) for s in replicas if s in results and task in results[s]])
+
+
+def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None = None,
+                     parameters: dict[str, float] | None = None) -> str:
+    """One Markdown table per task in the columns of palle.txt Table 3: reference rows, then every
+    paradigm's system with mean ± standard deviation over its synthesis seeds."""
+    layout = layout or Layout.plain(list(results))
+    parameters = parameters or {}
+    rows = [(s, [s]) for s in layout.references] + list(layout.comparison.items())
+    first = results[rows[0][0]][TASKS[0]]
     asr_names = list(first["asr"])
+    seeds = max(len(replicas) for _, replicas in rows)
     lines = []
     for task in TASKS:
-        header = ["System"]
+        header = ["System", "Params"]
         for name in asr_names:
             short = ASR_SHORT.get(name, name)
             header += [f"WER-{short} utt-mean (%) ↓", f"WER-{short} corpus (%) ↓"]
         header += ["SIM ↑", "MOS ↑", "RTF token ↓", "RTF e2e ↓", "FPL-A (s) ↓", "FPL-L (s) ↓", "Passes", "Missing"]
         lines += [f"### {TASK_TITLES[task]}", "", "| " + " | ".join(header) + " |",
                   "|" + "|".join("---" for _ in header) + "|"]
-        for system, tasks in results.items():
-            r = tasks[task]
-            row = [system]
+        for system, replicas in rows:
+            def cell(read, digits=2, spread=True):
+                value = stat(results, replicas, task, read)
+                if value is None:
+                    return "–"
+                return value.format(digits) if spread else _fmt(value.mean, digits)
+
+            params = parameters.get(layout.runs.get(system, system))
+            row = [system, "–" if params is None else f"{params / 1e6:.2f}M"]
             for name in asr_names:
-                row += [_fmt(r["asr"][name]["wer_utterance_mean"]), _fmt(r["asr"][name]["wer_corpus"])]
-            speed = r.get("speed") or {}
+                row += [cell(lambda r, n=name: r["asr"][n]["wer_utterance_mean"]),
+                        cell(lambda r, n=name: r["asr"][n]["wer_corpus"])]
             row += [
-                _fmt(r["sim"]["mean"], 3),
-                _fmt((r.get("mos") or {}).get("mean")),
-                _fmt(speed.get("rtf_token_stage"), 3),
-                _fmt(speed.get("rtf_end_to_end"), 3),
-                _fmt(speed.get("fpl_a"), 3),
-                _fmt(speed.get("fpl_l"), 3),
-                _fmt(speed.get("forward_passes"), 1),
-                str(len(r["missing"])),
+                cell(METRICS["sim"], 3),
+                cell(lambda r: (r.get("mos") or {}).get("mean")),
+                cell(METRICS["rtf"], 3, spread=False),
+                cell(lambda r: (r.get("speed") or {}).get("rtf_end_to_end"), 3, spread=False),
+                cell(lambda r: (r.get("speed") or {}).get("fpl_a"), 3, spread=False),
+                cell(METRICS["fpl_l"], 3, spread=False),
+                cell(METRICS["passes"], 1, spread=False),
+                str(sum(len(results[s][task]["missing"]) for s in replicas)),
             ]
             lines.append("| " + " | ".join(row) + " |")
         models = ", ".join(f"{n}: {first['asr'][n]['model']}" for n in asr_names)
-        lines += ["", f"{tasks[task]['items']} items. ASR {models}; SIM {first['sim']['backend']} "
-                      f"({first['sim']['model']}), {first['sim']['reference']}.", ""]
+        seeds_note = (f" Paradigm rows: mean ± standard deviation over {seeds} synthesis seeds (speed columns: mean)."
+                      if seeds > 1 else "")
+        lines += ["", f"{first['items']} items. ASR {models}; SIM {first['sim']['backend']} "
+                      f"({first['sim']['model']}), {first['sim']['reference']}.{seeds_note}", ""]
     return "\n".join(lines)
 
 
-# Ablations reported in their paper's own table: (title, paper table, [(system, setting), ...])
+# Named ablations (variant sets) in their paper's table: (ablation key or None for always,
+# title, paper table, setting column, [(system, setting), ...])
 ABLATION_TABLES = [
-    ("Chain-of-Details: temporal levels", "chain_of_details.txt Table IV", "Levels",
-     [("cod_l1", "1"), ("cod_l2", "2"), ("cod", "3")]),
-    ("DELTA-TTS: unmasking steps", "delta_tts.txt Fig. 2", "Steps",
-     [("delta_steps4", "4"), ("delta_steps8", "8"), ("delta", "16")]),
-    ("SyncSpeech: pre-training and attention mask", "syncspeech.txt Table 2", "Variant",
+    ("syncspeech_table2", "SyncSpeech: pre-training and attention mask", "syncspeech.txt Table 2", "Variant",
      [("syncspeech", "SyncSpeech"), ("syncspeech_nopretrain", "w/o pre-training"),
       ("syncspeech_causal", "causal mask instead of hybrid")]),
-    ("PALLE: stages", "palle.txt Table 3", "Stages",
+    ("delta_table5", "DELTA-TTS: components of the conversion", "delta_tts.txt Table 5", "Variant",
+     [("delta", "DELTA-TTS (conv + LoRA + time-shifted + prompt)"), ("delta_noconv", "w/o convolution branch"),
+      ("delta_lora_budget", "w/o convolution, LoRA rank at its budget"), ("delta_noprompt", "w/o prompt-conditioned training")]),
+    (None, "PALLE: stages", "palle.txt Table 3", "Stages",
      [("palle_stage1", "PAR only"), ("palle", "PAR + refinement")]),
 ]
 
 
-def ablation_tables(results: dict[str, dict[str, dict]]) -> str:
-    """Each ablation whose systems were all evaluated, in the shape of its paper's table: the
-    setting, then WER (corpus), SIM, token-stage RTF and forward passes per task."""
+def _setting_table(title: str, source: str, setting: str, rows: list[tuple[str, str]],
+                   results: dict[str, dict[str, dict]], note: str = "") -> str:
+    """One ablation in its paper's shape: the setting, the system, then WER (corpus), SIM,
+    token-stage RTF, FPL-L and forward passes for every task all its rows speak (one seed)."""
+    tasks = [t for t in TASKS if all(t in results[s] for s, _ in rows)]
+    header = [setting, "System"]
+    for task in tasks:
+        short = TASK_TITLES[task].split("-")[0][:5]
+        header += [f"{short} WER ↓", f"{short} SIM ↑", f"{short} RTF ↓", f"{short} FPL-L ↓", f"{short} passes"]
+    lines = [f"### {title} ({source})", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for system, value in rows:
+        cells = [value, system]
+        for task in tasks:
+            r = results[system][task]
+            cells += [_fmt(METRICS["wer"](r)), _fmt(METRICS["sim"](r), 3), _fmt(METRICS["rtf"](r), 3),
+                      _fmt(METRICS["fpl_l"](r), 3), _fmt(METRICS["passes"](r), 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + ([f"\n{note}"] if note else [])) + "\n"
+
+
+def seed_spread_note(results: dict, layout: Layout, system: str) -> str:
+    """The spread over seeds of a comparison system: the noise a one-seed ablation row carries."""
+    replicas = layout.comparison.get(system, [system])
     parts = []
-    for title, source, setting, rows in ABLATION_TABLES:
-        if not all(system in results for system, _ in rows):
-            continue
-        header = [setting, "System"]
-        for task in TASKS:
-            short = TASK_TITLES[task].split("-")[0][:5]
-            header += [f"{short} WER ↓", f"{short} SIM ↑", f"{short} RTF ↓", f"{short} passes"]
-        lines = [f"### {title} ({source})", "", "| " + " | ".join(header) + " |",
-                 "|" + "---|" * len(header)]
-        for system, value in rows:
-            cells = [value, system]
-            for task in TASKS:
-                r = results[system][task]
-                asr = next(iter(r["asr"].values()))
-                speed = r.get("speed") or {}
-                cells += [_fmt(asr["wer_corpus"]), _fmt(r["sim"]["mean"], 3), _fmt(speed.get("rtf_token_stage"), 3),
-                          _fmt(speed.get("forward_passes"), 1)]
-            lines.append("| " + " | ".join(cells) + " |")
-        parts.append("\n".join(lines) + "\n")
+    for task in TASKS:
+        value = stat(results, replicas, task, METRICS["wer"])
+        if value is not None and value.sd is not None:
+            parts.append(f"{TASK_TITLES[task].lower()} WER ± {value.sd:.2f}")
+    if not parts:
+        return ""
+    return (f"One synthesis seed per row. Over {len(replicas)} seeds, `{system}` varies by "
+            f"{', '.join(parts)} (standard deviation): a smaller difference is a tie.")
+
+
+def ablation_tables(results: dict[str, dict[str, dict]], layout: Layout | None = None) -> str:
+    """The named ablations and every grid axis, each in its paper's table shape."""
+    layout = layout or Layout.plain(list(results))
+    parts = []
+    for key, title, source, setting, rows in ABLATION_TABLES:
+        if (key is None or key in layout.ablations) and all(s in results for s, _ in rows):
+            parts.append(_setting_table(title, source, setting, rows, results,
+                                        seed_spread_note(results, layout, rows[0][0])))
+    for axis, values in layout.grids.items():
+        grid = GRIDS[axis]
+        rows = [(system, value_name(value)) for value, system in grid_rows(axis, values)]
+        if all(s in results for s, _ in rows):
+            parts.append(_setting_table(grid.title, grid.source, grid.label, rows, results,
+                                        seed_spread_note(results, layout, grid.base)))
     return "\n".join(parts)
+
+
+# --- the papers' claims -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim that the embedded corpus can test: system ``better`` beats ``worse`` on a
+    metric (lower is better for WER, RTF, FPL; higher for SIM)."""
+
+    text: str
+    source: str
+    better: str
+    worse: str
+    metric: str = "wer"
+    tasks: tuple[str, ...] = ("continuation", "cross_sentence")
+
+
+CLAIMS = [
+    Claim("PAR beats AR on WER", "palle.txt Table 3 (Sys. C1 vs A)", "palle_stage1", "ar"),
+    Claim("PAR beats NAR on WER", "palle.txt Table 3 (Sys. C1 vs B)", "palle_stage1", "nar"),
+    Claim("PAR is faster than AR (token-stage RTF)", "palle.txt Table 3", "palle_stage1", "ar", "rtf"),
+    Claim("Refinement (stage two) lowers PALLE's WER", "palle.txt Table 1", "palle", "palle_stage1"),
+    Claim("SyncSpeech's first packet comes sooner than AR's (FPL-L)", "syncspeech.txt Table 1", "syncspeech", "ar",
+          "fpl_l"),
+    Claim("SyncSpeech is faster than AR (token-stage RTF)", "syncspeech.txt Table 1", "syncspeech", "ar", "rtf"),
+    Claim("Pre-training helps SyncSpeech", "syncspeech.txt Table 2", "syncspeech", "syncspeech_nopretrain"),
+    Claim("The hybrid mask beats a causal mask", "syncspeech.txt Table 2", "syncspeech", "syncspeech_causal"),
+    Claim("Look-ahead q = 1 beats q = 2 on WER", "syncspeech.txt Table 4", "syncspeech", "syncspeech_q2"),
+    Claim("Three temporal levels beat one", "chain_of_details.txt Table IV", "cod", "cod_l1"),
+    Claim("Three temporal levels beat two", "chain_of_details.txt Table IV", "cod", "cod_l2"),
+    Claim("The time-shifted schedule beats the uniform one", "delta_tts.txt Table 5", "delta", "delta_mu1.0"),
+    Claim("More unmasking steps lower WER (16 vs 4)", "delta_tts.txt Fig. 2", "delta", "delta_steps4"),
+    Claim("DELTA-TTS is faster than its AR model (token-stage RTF)", "delta_tts.txt Table 1", "delta", "ar", "rtf"),
+    Claim("The convolution branch lowers DELTA's WER", "delta_tts.txt Table 5", "delta", "delta_noconv"),
+]
+LOWER_IS_BETTER = {"wer": True, "rtf": True, "fpl_l": True, "sim": False, "passes": True}
+
+
+def judge(better: Stat, worse: Stat, noise: float | None, lower_is_better: bool) -> str:
+    """``reproduced`` when ``better`` wins by more than the spread over seeds, ``opposite`` when
+    it loses by more, else ``tie``. The spread is sqrt(sd_a^2 + sd_b^2) of the two systems;
+    a one-seed system borrows ``noise`` (its paradigm's spread over seeds)."""
+    sds = [x.sd if x.sd is not None else noise for x in (better, worse)]
+    spread = (sum(sd * sd for sd in sds if sd is not None)) ** 0.5 if any(sd is not None for sd in sds) else 0.0
+    gain = (worse.mean - better.mean) if lower_is_better else (better.mean - worse.mean)
+    if gain > spread:
+        return "reproduced"
+    if gain < -spread:
+        return "reversed"
+    return "tie"
+
+
+def claims_section(results: dict[str, dict[str, dict]], layout: Layout | None = None) -> str:
+    """Every claim both of whose systems this run evaluated, per task, with the numbers and
+    whether this run reproduces it."""
+    layout = layout or Layout.plain(list(results))
+
+    def replicas(system):
+        return layout.comparison.get(system, [system])
+
+    def noise(system, task):  # a grid or ablation system: the spread of its paradigm's main system
+        base = next((b for b, reps in layout.comparison.items() if system in reps), None)
+        for candidate in [base] + [b for b in layout.comparison if system.startswith(f"{b}_")]:
+            value = candidate and stat(results, replicas(candidate), task, METRICS["wer"])
+            if value and value.sd is not None:
+                return value.sd
+        return None
+
+    lines = ["### Claims of the papers, tested on this run", "",
+             "| Claim | Source | Task | Metric | Better (claimed) | Worse (claimed) | This run |",
+             "|---|---|---|---|---|---|---|"]
+    counts: dict[str, int] = {}
+    for claim in CLAIMS:
+        if claim.better not in results or claim.worse not in results:
+            continue
+        for task in claim.tasks:
+            a = stat(results, replicas(claim.better), task, METRICS[claim.metric])
+            b = stat(results, replicas(claim.worse), task, METRICS[claim.metric])
+            if a is None or b is None:
+                continue
+            # the spread over seeds is measured on WER; speed claims compare means only
+            spread = noise(claim.better, task) if claim.metric == "wer" else None
+            if claim.metric != "wer":
+                a, b = Stat(a.mean, None, a.n), Stat(b.mean, None, b.n)
+            verdict = judge(a, b, spread, LOWER_IS_BETTER[claim.metric])
+            counts[verdict] = counts.get(verdict, 0) + 1
+            digits = 3 if claim.metric in ("rtf", "fpl_l", "sim") else 2
+            lines.append(f"| {claim.text} | {claim.source} | {TASK_TITLES[task]} | {claim.metric} | "
+                         f"{claim.better} {a.format(digits)} | {claim.worse} {b.format(digits)} | **{verdict}** |")
+    if not counts:
+        return ""
+    lines += ["", "reproduced: the claimed winner wins by more than the spread over synthesis seeds "
+                  "(sqrt of the sum of both systems' variances; a one-seed ablation row borrows its paradigm's); "
+                  "reversed: it loses by more; tie: the difference is within the spread. Speed claims compare means "
+                  "measured on this machine (one item at a time; results/bench.md), not on the papers' GPUs. "
+                  "Totals: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "."]
+    return "\n".join(lines) + "\n"
 
 
 def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
@@ -223,6 +431,8 @@ def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str =
     are joined by a line. Returns False when no system is timed."""
     points = {}
     for system, by_task in results.items():
+        if task not in by_task:
+            continue
         r = by_task[task]
         speed = r.get("speed") or {}
         if speed.get("rtf_token_stage") is None:
@@ -247,6 +457,31 @@ def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str =
     ax.set_xlabel("RTF of the token stage (log scale; forward passes in brackets)")
     ax.set_ylabel(f"WER corpus (%), {TASK_TITLES[task]}")
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_grid(results: dict[str, dict[str, dict]], axis: str, values: list, path: Path) -> bool:
+    """An axis the paper draws as a curve (PALLE Figs. 4-5, DELTA steps): WER and SIM over the
+    axis' values, one line per task its systems speak. False when the axis is not a curve."""
+    grid = GRIDS[axis]
+    rows = grid_rows(axis, values)
+    if not grid.plot or len(rows) < 2 or any(s not in results for _, s in rows):
+        return False
+    tasks = [t for t in TASKS if all(t in results[s] for _, s in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for task in tasks:
+        xs = [float(v) for v, _ in rows]
+        axes[0].plot(xs, [METRICS["wer"](results[s][task]) for _, s in rows], "o-", label=TASK_TITLES[task])
+        axes[1].plot(xs, [METRICS["sim"](results[s][task]) for _, s in rows], "o-", label=TASK_TITLES[task])
+    for ax, ylabel in zip(axes, ("WER corpus (%)", "SIM to prompt")):
+        ax.set_xlabel(grid.label)
+        ax.set_ylabel(ylabel)
+        ax.set_xticks([float(v) for v, _ in rows])
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{grid.title} ({grid.source})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -365,13 +600,21 @@ def build_html(*, profile: str, tables_md: str, audit_md: str, samples: dict, pl
     return "\n".join(parts) + "\n"
 
 
+def run_parameters(train_dir: Path | None) -> dict[str, float]:
+    """Trained parameters of every run (the engine's summaries), for the comparison's Params column."""
+    if train_dir is None:
+        return {}
+    return {path.stem: json.loads(path.read_text(encoding="utf-8"))["parameters"] for path in train_dir.glob("*.json")}
+
+
 def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, systems_dir: Path,
                  systems: Sequence[str], out_dir: Path, samples: int, profile: str,
-                 train_dir: Path | None = None) -> None:
-    results = load_results(eval_dir, systems)
+                 train_dir: Path | None = None, layout: dict | None = None) -> None:
+    layout = Layout(**layout) if layout else Layout.plain(systems)
+    results = load_results(eval_dir, systems, layout)
     audit = json.loads((eval_dir / "ground_truth_audit.json").read_text(encoding="utf-8"))
-    tables_md = comparison_table(results)
-    for extra in (ablation_tables(results), training_table(train_dir, systems)):
+    tables_md = comparison_table(results, layout, run_parameters(train_dir))
+    for extra in (claims_section(results, layout), ablation_tables(results, layout), training_table(train_dir, systems)):
         if extra:
             tables_md = f"{tables_md}\n{extra}"
     audit_md = audit_table(audit)
@@ -382,11 +625,17 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
 
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
-    plot_systems(results, plots_dir / "systems.png")
+    # the comparison's rows (first seed of each paradigm) in the overview plots and the audio samples
+    shown = layout.references + list(layout.comparison)
+    plot_systems({s: results[s] for s in shown}, plots_dir / "systems.png")
     plot_audit(audit, plots_dir / "ground_truth_wer_per_voice.png", plots_dir / "sim_pairs.png")
     plots = [f"plots/{p}" for p in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png")]
-    if plot_wer_vs_rtf(results, plots_dir / "wer_vs_rtf.png"):
+    replicas = {r for reps in layout.comparison.values() for r in reps[1:]}
+    if plot_wer_vs_rtf({s: r for s, r in results.items() if s not in replicas}, plots_dir / "wer_vs_rtf.png"):
         plots.append("plots/wer_vs_rtf.png")
+    for axis in layout.grids:
+        if plot_grid(results, axis, layout.grids[axis], plots_dir / f"grid_{axis}.png"):
+            plots.append(f"plots/grid_{axis}.png")
 
     # Copy the sampled audio beside the page so the folder is self-contained (and DVC-trackable).
     audio_dir = out_dir / "audio"
@@ -401,7 +650,7 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
             (audio_dir / task / "prompt").mkdir(parents=True, exist_ok=True)
             shutil.copyfile(prompts_dir / task / name, out_dir / prompt_rel)
             row = {"item_id": item.item_id, "text": item.target_text, "prompt": prompt_rel, "systems": {}}
-            for system in systems:
+            for system in shown:
                 source = systems_dir / system / task / name
                 if source.exists():
                     rel = f"audio/{task}/{system}/{name}"

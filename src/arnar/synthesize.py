@@ -296,8 +296,13 @@ class Synthesizer:
 
 
 def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
-                        out_dir: str | os.PathLike, *, seed: int, progress: bool = True) -> dict[str, Any]:
-    """Every item of a frozen test list -> ``out_dir/<item_id>.wav`` + ``out_dir/timing.jsonl``."""
+                        out_dir: str | os.PathLike, *, seed: int, progress: bool = True,
+                        ground_truth_duration: bool = False) -> dict[str, Any]:
+    """Every item of a frozen test list -> ``out_dir/<item_id>.wav`` + ``out_dir/timing.jsonl``.
+
+    ``ground_truth_duration``: generate as many frames as the recording lasts (for continuation,
+    the part after the prompt), the "GT duration" setting of palle.txt Table 1 and the base of its
+    Fig. 5 multipliers; otherwise each paradigm decides the length."""
     import soundfile as sf
     from tqdm import tqdm
 
@@ -316,7 +321,12 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
         if not text.strip():
             raise SynthesisInputError(f"{testlist}: item {item.item_id} leaves no text to synthesize after its prompt")
         try:
-            audio, record = synth.synthesize(text, prompt, item.prompt_text, rate, seed=item_seed(seed, item.item_id))
+            target_frames = None
+            if ground_truth_duration:
+                seconds = item.target_duration - (item.prompt_end - item.prompt_start if continuing else 0.0)
+                target_frames = max(1, round(seconds * synth.codec.frame_rate))
+            audio, record = synth.synthesize(text, prompt, item.prompt_text, rate, seed=item_seed(seed, item.item_id),
+                                             target_frames=target_frames)
         except SynthesisInputError as err:
             raise SynthesisInputError(f"{testlist}: item {item.item_id}: {err}") from None
         if continuing:  # the evaluated utterance is the prompt followed by its continuation

@@ -21,7 +21,7 @@ EVAL_GPUS = int(bool({"whisper", "hubert"} & set(EVAL["asr"])) or EVAL["sim"] ==
 
 
 wildcard_constraints:
-    system="[a-z0-9_]+",
+    system="[a-z0-9_.]+",
     task="|".join(TASKS),
 
 _missing_lists = [t for t in TASKS if not os.path.exists(frozen_path(PROFILE, t))]
@@ -151,5 +151,5 @@ rule ground_truth_audit:
 rule evaluate:
     """Target of the evaluation phase (dvc.yaml stage `evaluate`)."""
     input:
-        expand("{results}/eval/{system}/{task}.json", results=RESULTS, system=SYSTEMS, task=TASKS),
+        evaluated(f"{RESULTS}/eval/{{system}}/{{task}}.json", SYSTEMS),
         rules.ground_truth_audit.output,

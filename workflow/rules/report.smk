@@ -8,7 +8,7 @@ rule report:
         audit=rules.ground_truth_audit.output.json,
         testlists=expand("{data}/eval/testlists/{task}.tsv", data=DATA, task=TASKS),
         prompts=expand("{data}/eval/prompts/{task}", data=DATA, task=TASKS),
-        systems=expand("{data}/systems/{system}/{task}", data=DATA, system=SYSTEMS, task=TASKS),
+        systems=evaluated(f"{DATA}/systems/{{system}}/{{task}}", SYSTEMS),
         training=expand("{results}/train/{run}.json", results=RESULTS, run=ALL_RUNS),
     output:
         tables=report(f"{RESULTS}/report/comparison.md", caption="../report/comparison.rst", category="Evaluation"),
@@ -28,6 +28,7 @@ rule report:
         prompts=lambda wildcards, input: os.path.dirname(input.prompts[0]),
         systems_dir=lambda wildcards, input: os.path.dirname(os.path.dirname(input.systems[0])),
         systems=" ".join(SYSTEMS),
+        layout=report_layout(SYSTEMS[: len(SYSTEMS) - len(PARADIGMS)]),
         samples=EVAL["report_samples"],
         out_dir=lambda wildcards, output: os.path.dirname(output.html),
         train_dir=lambda wildcards, input: f"--train-dir {os.path.dirname(input.training[0])}" if input.training else "",
@@ -39,4 +40,4 @@ rule report:
         "arnar report --eval-dir {params.eval_dir} --testlists {params.testlists}"
         " --prompts {params.prompts} --systems-dir {params.systems_dir} --systems {params.systems}"
         " --samples {params.samples} --profile {params.profile} --out-dir {params.out_dir}"
-        " {params.train_dir} 2> {log}"
+        " --layout '{params.layout}' {params.train_dir} 2> {log}"

@@ -1,3 +1,6 @@
+from arnar.ablations import GRIDS, check_grid_values, grid_rows
+from arnar.evaluate.testlists import TASKS
+
 # The training runs and evaluated systems of the paradigms (functions and tables only; the rules
 # are in train.smk). A paradigm named in training.paradigms is one or more *runs* (multi-stage
 # recipes chain runs with train.init_from) and one or more evaluated *systems* (a run plus
@@ -32,7 +35,7 @@ RUNS = {
     # Chain-of-Details models the first quantizer of the acoustic stack, temporal levels by decimation
     "cod": {"config": "cod", "stack": True, "features": True,
             "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
-    # ablation: CoD with 2 and 1 temporal levels (chain_of_details.txt Table IV)
+    # the grid cod_levels: CoD with 2 and 1 temporal levels (chain_of_details.txt Table IV)
     "cod_l2": {"config": "cod_l2", "stack": True, "features": True,
                "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
     "cod_l1": {"config": "cod_l1", "stack": True, "features": True,
@@ -48,20 +51,86 @@ SYSTEMS_OF = {
     "delta": {"delta": ("delta", {}), "delta_steps8": ("delta", {"steps": 8}), "delta_steps4": ("delta", {"steps": 4})},
     "cod": {"cod": ("cod", {})},
 }
-# ablations named in training.ablations -> (the paradigm they vary, their extra systems)
+# ablations named in training.ablations -> (the paradigm they vary, their extra systems); the
+# one-knob sweeps are grids (training.grids, arnar.ablations.GRIDS)
 ABLATIONS = {
-    "cod_levels": ("cod", {"cod_l2": ("cod_l2", {}), "cod_l1": ("cod_l1", {})}),
     "syncspeech_table2": ("syncspeech", {"syncspeech_nopretrain": ("syncspeech_nopretrain", {}),
                                          "syncspeech_causal": ("syncspeech_causal", {})}),
+    # delta_tts.txt Table 5: each component of the conversion taken out (the uniform schedule is
+    # the grid delta_mu: [1.0])
+    "delta_table5": ("delta", {"delta_noconv": ("delta_noconv", {}), "delta_lora_budget": ("delta_lora_budget", {}),
+                               "delta_noprompt": ("delta_noprompt", {})}),
 }
+# run -> the run whose per-profile overrides (training.overrides) it shares: variants and grid values
+RUN_BASE = {}
+for _variant in ("delta_noconv", "delta_lora_budget", "delta_noprompt"):
+    RUNS[_variant] = {**RUNS["delta"], "config": _variant}
+    RUN_BASE[_variant] = "delta"
+
+
+def check_paradigm_listed(what, paradigm):
+    if paradigm not in TRAIN["paradigms"]:
+        raise WorkflowError(f"params.yaml: {what} varies paradigm {paradigm!r}: add it to training.paradigms")
+
+
+# The comparison: every paradigm's systems, each synthesized with evaluation.synthesis_seeds
+# seeds (system, system_seed2, ...), so the report can show the spread over seeds
 PARADIGM_SYSTEMS = {s: run for p in TRAIN["paradigms"] for s, run in SYSTEMS_OF[p].items()}
+SEEDS_OF = {s: [s] + [f"{s}_seed{k}" for k in range(2, P["evaluation"]["synthesis_seeds"] + 1)]
+            for s in PARADIGM_SYSTEMS}
+SYSTEM_SEED = {f"{s}_seed{k}": P["seed"] + k - 1 for s in PARADIGM_SYSTEMS
+               for k in range(2, P["evaluation"]["synthesis_seeds"] + 1)}
+for _system, _replicas in SEEDS_OF.items():
+    PARADIGM_SYSTEMS.update({replica: PARADIGM_SYSTEMS[_system] for replica in _replicas[1:]})
+SYSTEM_TASKS = {}  # systems evaluated on only some tasks (grids); the rest: every task
+
 for _ablation in TRAIN["ablations"]:
     _paradigm, _systems = ABLATIONS[_ablation]
-    if _paradigm not in TRAIN["paradigms"]:
-        raise WorkflowError(f"params.yaml: training.ablations lists {_ablation!r}, which varies paradigm "
-                            f"{_paradigm!r}: add it to training.paradigms")
+    check_paradigm_listed(f"training.ablations lists {_ablation!r}, which", _paradigm)
     PARADIGM_SYSTEMS.update(_systems)
+    SYSTEM_TASKS.update({_system: TRAIN["grid_tasks"] for _system in _systems})
+
+# grids: a decoding value is one more system of the base run; a training value one more run
+for _axis, _values in TRAIN["grids"].items():
+    try:
+        check_grid_values(_axis, _values)
+    except ValueError as err:
+        raise WorkflowError(f"params.yaml: {err}")
+    _grid = GRIDS[_axis]
+    check_paradigm_listed(f"training.grids.{_axis}", _grid.paradigm)
+    _base_run, _base_options = SYSTEMS_OF[_grid.paradigm][_grid.base]
+    for _value, _system in grid_rows(_axis, _values):
+        if _system == _grid.base:
+            continue
+        if _grid.training:
+            if _system not in RUNS:  # a config_of run (cod_l2) is defined above
+                RUNS[_system] = {**RUNS[_base_run],
+                                 "overrides": RUNS[_base_run].get("overrides", []) + [f"{_grid.override}={_value}"]}
+            RUN_BASE[_system] = _base_run
+            PARADIGM_SYSTEMS[_system] = (_system, _base_options)
+        else:
+            PARADIGM_SYSTEMS[_system] = (_base_run, {**_base_options, **_grid.shared, _grid.decoding: _value})
+        SYSTEM_TASKS[_system] = TRAIN["grid_tasks"]
 PARADIGMS = list(PARADIGM_SYSTEMS)  # evaluated systems of the paradigms (rows of the tables)
+
+
+def system_tasks(system):
+    return SYSTEM_TASKS.get(system, TASKS)
+
+
+def evaluated(pattern, systems):
+    """``pattern`` for every (system, task) the evaluation covers: grid systems speak only
+    training.grid_tasks."""
+    return [pattern.format(system=s, task=t) for s in systems for t in system_tasks(s)]
+
+
+def report_layout(references):
+    """What the report needs to know of the systems, as JSON: reference rows, the comparison's
+    systems with their seed replicas, the grids' values and each system's training run."""
+    layout = {"references": references, "comparison": SEEDS_OF, "grids": TRAIN["grids"],
+              "ablations": TRAIN["ablations"], "runs": {s: run for s, (run, _) in PARADIGM_SYSTEMS.items()},
+              "tasks": SYSTEM_TASKS}
+    return json.dumps(layout, sort_keys=True)
 
 
 def runs_needed(run):
@@ -138,7 +207,8 @@ def hydra_overrides(wildcards, input):
     overrides += spec.get("overrides", [])
     if input.features:
         overrides += [f"data.features={input.features[0]}", f"data.dev_features={input.dev_features[0]}"]
-    return " ".join(overrides + recipe_lr_override(run) + TRAIN["overrides"].get(run, []))
+    profile_overrides = TRAIN["overrides"].get(run, TRAIN["overrides"].get(RUN_BASE.get(run), []))
+    return " ".join(overrides + recipe_lr_override(run) + profile_overrides)
 
 
 def system_codec(wildcards, input):
@@ -151,6 +221,15 @@ def system_codec_model(wildcards):
     return codec_model(run_token_set(PARADIGM_SYSTEMS[wildcards.system][0]))
 
 
+def seed_base(system):
+    """The system a seed replica repeats (ar_seed2 -> ar); a system is its own base."""
+    return next((base for base, replicas in SEEDS_OF.items() if system in replicas), system)
+
+
 def system_decoding(wildcards):
-    options = {**PARADIGM_SYSTEMS[wildcards.system][1], **TRAIN["decoding"].get(wildcards.system, {})}
+    options = {**PARADIGM_SYSTEMS[wildcards.system][1], **TRAIN["decoding"].get(seed_base(wildcards.system), {})}
     return json.dumps(options, sort_keys=True)
+
+
+def system_seed(wildcards):
+    return SYSTEM_SEED.get(wildcards.system, P["seed"])

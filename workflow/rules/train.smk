@@ -69,9 +69,9 @@ rule synthesize:
         run_dir=lambda wildcards, input: os.path.dirname(input.run),
         codec=system_codec,
         decoding=system_decoding,
-        seed=P["seed"],
+        seed=system_seed,
     wildcard_constraints:
-        system="|".join(PARADIGMS) or "none",
+        system="|".join(map(re.escape, PARADIGMS)) or "none",
     threads: 1
     log:
         f"{LOGS}/synthesize_{{system}}_{{task}}.log",

@@ -1,0 +1,114 @@
+"""The report's arithmetic: spread over seeds, claim verdicts, grid naming and tables (hand-worked)."""
+
+import math
+
+import pytest
+
+from arnar.ablations import GRIDS, check_grid_values, grid_rows, grid_system
+from arnar.report import (
+    Layout,
+    Stat,
+    ablation_tables,
+    claims_section,
+    comparison_table,
+    judge,
+    plot_grid,
+)
+
+
+def result(wer, sim=0.9, rtf=None, fpl_l=None, passes=None, utt_mean=None):
+    speed = None if rtf is None else {"rtf_token_stage": rtf, "rtf_end_to_end": rtf + 0.01, "fpl_a": 0.1,
+                                      "fpl_l": fpl_l, "forward_passes": passes}
+    return {"asr": {"pocketsphinx": {"wer_corpus": wer, "wer_utterance_mean": wer if utt_mean is None else utt_mean,
+                                     "model": "ps"}},
+            "sim": {"mean": sim, "backend": "resemblyzer", "model": "r", "reference": "prompt audio"},
+            "speed": speed, "missing": [], "items": 6}
+
+
+def both(**kw):
+    return {"continuation": result(**kw), "cross_sentence": result(**kw)}
+
+
+def test_stat_mean_and_sample_sd():
+    s = Stat.of([10.0, 12.0, 14.0])  # mean 12; sample sd sqrt(((-2)^2 + 0 + 2^2) / 2) = 2
+    assert s.mean == 12.0 and s.sd == 2.0 and s.n == 3
+    assert s.format() == "12.00 ± 2.00"
+    one = Stat.of([7.5, None])
+    assert one.sd is None and one.format(1) == "7.5"
+    assert Stat.of([None]) is None
+
+
+def test_judge_uses_the_pooled_spread():
+    # spread sqrt(3^2 + 4^2) = 5: a gain of 6 wins, of 4 ties, of -6 is reversed
+    assert judge(Stat(10, 3, 3), Stat(16, 4, 3), None, lower_is_better=True) == "reproduced"
+    assert judge(Stat(10, 3, 3), Stat(14, 4, 3), None, lower_is_better=True) == "tie"
+    assert judge(Stat(16, 3, 3), Stat(10, 4, 3), None, lower_is_better=True) == "reversed"
+    # a one-seed row borrows the noise 3 of its paradigm: spread sqrt(9 + 9) = 4.24
+    assert judge(Stat(10, None, 1), Stat(14, None, 1), 3.0, lower_is_better=True) == "tie"
+    assert judge(Stat(10, None, 1), Stat(14.5, None, 1), 3.0, lower_is_better=True) == "reproduced"
+    # higher is better (SIM)
+    assert judge(Stat(0.9, None, 1), Stat(0.8, None, 1), None, lower_is_better=False) == "reproduced"
+
+
+def test_comparison_rows_show_mean_and_spread_over_seeds():
+    results = {"ground_truth": both(wer=5.0), "ar": both(wer=10.0, rtf=0.1, passes=90),
+               "ar_seed2": both(wer=12.0, rtf=0.3, passes=92), "ar_seed3": both(wer=14.0, rtf=0.2, passes=94)}
+    layout = Layout(references=["ground_truth"], comparison={"ar": ["ar", "ar_seed2", "ar_seed3"]},
+                    runs={"ar": "ar"})
+    table = comparison_table(results, layout, {"ar": 2_350_000})
+    assert "| ground_truth | – | 5.00 | 5.00 | 0.900 ±" not in table  # one seed: no spread
+    assert "| ar | 2.35M | 12.00 ± 2.00 | 12.00 ± 2.00 | 0.900 ± 0.000 | – | 0.200 | 0.210 | 0.100 | – | 92.0 | 0 |" \
+        in table
+    assert "mean ± standard deviation over 3 synthesis seeds" in table
+    assert "ar_seed2" not in table
+
+
+def test_claims_are_judged_per_task_against_the_seed_spread():
+    results = {
+        "ar": both(wer=50.0, rtf=0.03), "ar_seed2": both(wer=52.0, rtf=0.03),
+        "palle_stage1": both(wer=40.0, rtf=0.3), "palle_stage1_seed2": both(wer=42.0, rtf=0.3),
+        "nar": both(wer=41.0), "nar_seed2": both(wer=43.0),
+    }
+    layout = Layout(references=[], comparison={"ar": ["ar", "ar_seed2"], "nar": ["nar", "nar_seed2"],
+                                               "palle_stage1": ["palle_stage1", "palle_stage1_seed2"]})
+    text = claims_section(results, layout)
+    # PAR 41 ± 1.41 vs AR 51 ± 1.41: spread 2 < 10 -> reproduced; vs NAR 42 ± 1.41: 1 < 2 -> tie
+    assert "| PAR beats AR on WER | palle.txt Table 3 (Sys. C1 vs A) | Continuation | wer | palle_stage1 41.00 ± 1.41 " \
+           "| ar 51.00 ± 1.41 | **reproduced** |" in text
+    assert "| PAR beats NAR on WER | palle.txt Table 3 (Sys. C1 vs B) | Cross-sentence | wer |" in text
+    assert text.count("**tie**") == 2 and text.count("**reversed**") == 2  # RTF: PAR slower than AR on both tasks
+    assert "SyncSpeech" not in text  # claims whose systems did not run are left out
+
+
+def test_grid_names_follow_the_axis_and_default():
+    assert grid_rows("delta_steps", [4, 8, 16]) == [(4, "delta_steps4"), (8, "delta_steps8"), (16, "delta")]
+    assert grid_rows("cod_levels", [1, 2, 3]) == [(1, "cod_l1"), (2, "cod_l2"), (3, "cod")]
+    assert grid_system(GRIDS["delta_mu"], 1.0) == "delta_mu1.0"
+    assert grid_system(GRIDS["syncspeech_q"], 2) == "syncspeech_q2"
+    # the duration multiplier scales the ground-truth duration: even 1.0 is its own system
+    assert grid_system(GRIDS["palle_duration"], 1.0) == "palle_dur1.0"
+    assert GRIDS["syncspeech_q"].training and not GRIDS["delta_mu"].training
+    with pytest.raises(ValueError, match="training.grids.cod_levels: values must be among"):
+        check_grid_values("cod_levels", [4])
+    with pytest.raises(ValueError, match="training.grids.nope: unknown axis"):
+        check_grid_values("nope", [1])
+
+
+def test_grid_tables_and_curves(tmp_path):
+    cross = {"cross_sentence": None}
+    results = {"palle": both(wer=30.0), "palle_seed2": both(wer=34.0)}
+    for value, wer in ((0.7, 60.0), (1.0, 30.0), (1.3, 45.0)):
+        results[f"palle_dur{value}"] = {**cross, "cross_sentence": result(wer=wer, rtf=0.2, fpl_l=1.0, passes=107)}
+    layout = Layout(references=[], comparison={"palle": ["palle", "palle_seed2"]},
+                    grids={"palle_duration": [0.7, 1.0, 1.3]}, tasks={f"palle_dur{v}": ["cross_sentence"]
+                                                                     for v in (0.7, 1.0, 1.3)})
+    tables = ablation_tables(results, layout)
+    assert "### PALLE: total duration multiplier (x ground-truth duration) (palle.txt Fig. 5)" in tables
+    assert "| 0.7 | palle_dur0.7 | 60.00 | 0.900 | 0.200 | 1.000 | 107.0 |" in tables
+    assert "Conti WER" not in tables  # the grid spoke cross-sentence only
+    # the seeds of the base system say how large a tie is: sd of (30, 34) = 2.83
+    assert "`palle` varies by continuation WER ± 2.83, cross-sentence WER ± 2.83" in tables
+    assert plot_grid(results, "palle_duration", [0.7, 1.0, 1.3], tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 5000
+    assert not plot_grid(results, "delta_mu", [0.3, 1.0], tmp_path / "h.png")  # not run (and a table axis)
+    assert math.isclose(Stat.of([30.0, 34.0]).sd, 2.828, abs_tol=1e-3)
