@@ -11,6 +11,7 @@ APT_PACKAGES=(
   wordnet-base sword-text-web diatheke                             # freely licensed sentences
   git                                                              # dvc needs a git checkout
   chromium                                                         # tests: the HTML report renders
+  munge slurmctld slurmd slurm-client                              # tests: a one-node SLURM (test_slurm.py)
 )
 PIP_VERSION=25.3
 VENV=.venv
