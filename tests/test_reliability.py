@@ -36,8 +36,6 @@ from test_train import toy_dataset, write_spm
 from arnar.atomic import TMP_PREFIX
 from arnar.codec.shards import read_token_shards
 
-pytestmark = pytest.mark.slow
-
 SPLITS = ("train", "dev", "test")
 
 
@@ -91,6 +89,7 @@ def inject_faults(corpus: Path) -> dict[str, str]:
     return faults
 
 
+@pytest.mark.slow  # reruns the DAG from ingest to tokens on a copy of the session's smoke run
 def test_corpus_faults_are_quarantined_and_good_items_reach_the_tokens(smoke, tmp_path):
     work = tmp_path / "faulty"
     shutil.copytree(smoke, work, symlinks=True)
@@ -132,6 +131,16 @@ def test_corpus_faults_are_quarantined_and_good_items_reach_the_tokens(smoke, tm
         assert summary["quarantined"]["by_reason"] == expected_counts, report
         assert summary["quarantined"]["total"] == len(faults) + 1  # the duplicate counts twice
         assert summary["accepted"] == len(good)
+
+
+def test_transcript_byte_order_mark_is_not_text(tmp_path):
+    from arnar.data.validate import read_transcript
+
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffA sentence saved by Notepad.\n".encode("utf-8"))
+    assert read_transcript(path) == (None, "A sentence saved by Notepad.")
+    path.write_bytes("\ufeff \n".encode("utf-8"))
+    assert read_transcript(path)[0] == "transcript: empty or whitespace only"
 
 
 # ----------------------------------------------------------------------------- 2a. SIGKILL and resume
@@ -261,3 +270,124 @@ def test_config_fault_stops_before_any_work_naming_the_key(tmp_path, edit, named
         assert result.returncode != 0
         assert named in result.stdout + result.stderr
     assert not (work / "data").exists() and not (work / "results").exists() and not (work / "logs").exists()
+
+
+# ----------------------------------------------------------------------------- 2b + 3. interrupted DAG
+
+def processes_in(folder: Path) -> list[int]:
+    """Ids of the processes whose working directory is inside ``folder`` (this test's jobs)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if Path(os.readlink(proc / "cwd")).is_relative_to(folder):
+                    found.append(int(proc.name))
+            except OSError:  # gone, or not ours to read
+                pass
+    return found
+
+
+def kill_dag_while_training(work: Path, log: Path) -> str:
+    """Run the smoke DAG and SIGKILL its whole process group (Snakemake and its jobs, as a power
+    cut or an OOM kill would) once a training job has checkpointed and is still running. Returns
+    the run that was cut."""
+    cmd = [str(BIN / "snakemake"), "--cores", "2", "--config", "profile=smoke"]
+    with log.open("w") as out:
+        dag = subprocess.Popen(cmd, cwd=work, env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 1800
+        while True:
+            assert dag.poll() is None, f"the DAG ended before any training checkpoint:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no training checkpoint within 30 min"
+            running = [p.parent.parent for p in (work / "data/smoke/runs").glob("*/checkpoints/last.pt")
+                       if not (p.parent.parent / "final.pt").exists()]
+            if running:
+                break
+            time.sleep(0.2)
+        os.killpg(dag.pid, signal.SIGKILL)
+        dag.wait()
+    finally:
+        if dag.poll() is None:
+            os.killpg(dag.pid, signal.SIGKILL)
+            dag.wait()
+    for _ in range(50):  # the kill is asynchronous; the jobs were in the group and must be gone
+        if not processes_in(work):
+            break
+        time.sleep(0.1)
+    assert not processes_in(work), "jobs outlived the killed DAG"
+    return running[0].name
+
+
+def assert_no_half_written_file(root: Path) -> None:
+    """Every output under data/ and results/ is whole: no temporary file is left, JSON parses,
+    checkpoints load, WAVs hold every sample their header declares, token shards match their
+    manifests' checksums."""
+    from arnar.data.validate import wav_declared_data_bytes
+
+    files = [p for top in ("data", "results") for p in sorted((root / top).rglob("*")) if p.is_file()]
+    assert files
+    leftovers = [p for p in files if p.name.startswith(TMP_PREFIX) or p.name.endswith(".tmp")]
+    assert not leftovers, leftovers
+    for path in files:
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix == ".jsonl":
+            [json.loads(line) for line in path.read_text().splitlines()]
+        elif path.suffix == ".pt":
+            torch.load(path, map_location="cpu", weights_only=False)
+        elif path.suffix == ".wav":
+            declared = wav_declared_data_bytes(path)
+            assert declared is not None and declared[0] <= declared[1], path
+            assert sf.info(path).frames > 0, path
+        elif path.name == "manifest.json" and path.parent.parent.parent.name == "tokens":
+            read_token_shards(path.parent)
+
+
+# Fields that measure wall time (seconds, real-time factors, first-packet latencies, throughput):
+# they differ between any two runs on a busy machine and are the only fields allowed to.
+WALL_TIME_FIELDS = {"wall_time_s", "tokens_per_s", "seconds", "rtf_end_to_end", "rtf_token_stage", "fpl_a", "fpl_l"}
+
+
+def without_wall_time(value):
+    if isinstance(value, dict):
+        return {k: without_wall_time(v) for k, v in value.items() if k not in WALL_TIME_FIELDS}
+    if isinstance(value, list):
+        return [without_wall_time(v) for v in value]
+    return value
+
+
+@pytest.mark.slow  # one more smoke DAG, interrupted and resumed
+def test_interrupted_dag_resumes_to_the_outputs_of_an_uninterrupted_run(smoke, tmp_path):
+    work = copy_workflow(tmp_path / "interrupted")
+    cut = kill_dag_while_training(work, tmp_path / "first.log")
+    # what a user does after a crash: release Snakemake's lock, rerun what was left incomplete
+    snakemake(work, "--unlock")
+    snakemake(work, "--rerun-incomplete")
+    assert "resumed" in (work / f"logs/smoke/train_{cut}.log").read_text()  # from its checkpoint, not afresh
+    assert_no_half_written_file(work)
+
+    # 3. the same seed gives the same outputs: this run (interrupted, resumed) against the session's
+    # uninterrupted one
+    tokens = [p.relative_to(smoke) for p in sorted((smoke / "data/smoke/tokens").rglob("*")) if p.is_file()]
+    assert tokens
+    for path in tokens:
+        assert (work / path).read_bytes() == (smoke / path).read_bytes(), path
+    weights = sorted(p.relative_to(smoke) for name in ("final.pt", "best.pt")
+                     for p in (smoke / "data/smoke/runs").glob(f"*/{name}"))
+    assert weights and weights == sorted(p.relative_to(work) for name in ("final.pt", "best.pt")
+                                         for p in (work / "data/smoke/runs").glob(f"*/{name}"))
+    for path in weights:
+        a = torch.load(smoke / path, weights_only=False)
+        b = torch.load(work / path, weights_only=False)
+        assert a["step"] == b["step"] and a["config"] == b["config"], path
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), path
+        assert (smoke / path).read_bytes() == (work / path).read_bytes(), path  # torch.save is byte-stable
+    metrics = sorted(p.relative_to(smoke) for p in (smoke / "results/smoke").rglob("*") if p.suffix in (".json", ".tsv"))
+    assert metrics == sorted(p.relative_to(work) for p in (work / "results/smoke").rglob("*")
+                             if p.suffix in (".json", ".tsv"))
+    for path in metrics:
+        if path.suffix == ".tsv":
+            assert (work / path).read_text() == (smoke / path).read_text(), path
+        else:
+            a, b = (json.loads(p.read_text()) for p in (smoke / path, work / path))
+            assert without_wall_time(a) == without_wall_time(b), path

@@ -116,7 +116,8 @@ def read_transcript(path: Path) -> tuple[str | None, str | None]:
     if not path.exists():
         return "pairing: audio has no transcript file", None
     try:
-        text = path.read_bytes().decode("utf-8")
+        # utf-8-sig: a byte-order mark (editors on Windows write one) is not part of the text
+        text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as err:
         return f"transcript: not valid UTF-8 (byte {err.start})", None
     text = " ".join(text.split())
