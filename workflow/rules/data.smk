@@ -53,7 +53,8 @@ else:
         output:
             stamp=f"{DOWNLOADS}/{{source}}/{{part}}.json",
         params:
-            download_dir=DOWNLOADS,
+            # <download_dir>/<source>/<part>.json: the extracted part lies next to its stamp
+            download_dir=lambda wildcards, output: os.path.dirname(os.path.dirname(output.stamp)),
             openslr=CORPUS["mirrors"].get("openslr", ""),
             mls=CORPUS["mirrors"].get("mls", ""),
             mls_audio=MLS["audio"],
@@ -76,7 +77,7 @@ else:
             corpus=directory(f"{DATA}/corpus"),
         params:
             name=CORPUS["name"],
-            download_dir=DOWNLOADS,
+            download_dir=lambda wildcards, input: os.path.dirname(os.path.dirname(input.stamps[0])),
             sample_rate=CORPUS["sample_rate"],
             parts=" ".join(CORPUS["libritts_parts"]),
             mls_audio=MLS["audio"],

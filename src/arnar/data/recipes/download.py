@@ -21,6 +21,7 @@ paths, no links out of the folder, no device files) and renames it to ``<dest>``
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.client
 import json
@@ -32,6 +33,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,14 +196,17 @@ def extract(archive_path: Path, dest: Path, *, progress: bool = True) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        # Streaming mode ("r|gz") reads the archive once; the gzip module checks the trailer's
-        # CRC-32 and length at the end of the stream and raises on a corrupt archive.
-        with tarfile.open(archive_path, mode="r|gz") as tar, \
+        # One pass over the archive. tarfile's own gzip reader ignores the gzip trailer, so the
+        # stream is decompressed by the gzip module, which checks the trailer's CRC-32 and length
+        # when it reaches the end; the end is read explicitly because tar stops at its last member.
+        with gzip.open(archive_path, "rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar, \
                 tqdm(desc=f"extract {archive_path.name}", unit="file", disable=not progress) as bar:
             for member in tar:
                 tar.extract(member, tmp, filter="data")
                 bar.update(1)
-    except (tarfile.TarError, OSError, EOFError) as err:
+            while stream.read(CHUNK_BYTES):
+                pass
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
         shutil.rmtree(tmp, ignore_errors=True)
         raise DownloadError(f"{archive_path}: cannot extract ({type(err).__name__}: {err})") from None
     os.replace(tmp, dest)
