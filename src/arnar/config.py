@@ -21,6 +21,9 @@ TRAIN_CONF_DIR = Path(__file__).resolve().parent / "conf"  # arnar.train's Hydra
 # Checked on load, so a typo stops `snakemake -n` naming the key instead of failing the first
 # training job after the data phase has run.
 CONFIG_FILE_KEYS = {("training", "model"): "model", ("training", "recipe"): "train"}
+# keys that take either a hub id or a local weights file: a value written as a path must exist
+WEIGHTS_KEYS = [("corpus", "mls", "brouhaha_model")]
+WEIGHTS_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")
 
 
 class ConfigError(ValueError):
@@ -95,7 +98,7 @@ def resolve_profile(config: Mapping[str, Any], schema_path: Path = SCHEMA_PATH) 
 
 
 def check_named_files(resolved: Mapping[str, Any]) -> None:
-    """Every key that names a file must name one that exists (the message names key and file)."""
+    """Every key that names a file must name one that exists (the message names the key)."""
     for (section, key), group in CONFIG_FILE_KEYS.items():
         name = resolved[section][key]
         path = TRAIN_CONF_DIR / group / f"{name}.yaml"
@@ -105,6 +108,15 @@ def check_named_files(resolved: Mapping[str, Any]) -> None:
                 f"{section}.{key}: {name!r} names no config file ({path} does not exist; "
                 f"choose one of {', '.join(choices)})"
             )
+    for keys in WEIGHTS_KEYS:
+        value: Any = resolved
+        for key in keys:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        # a hub id ("owner/name") is fetched later; a path (absolute, ./ or ../, or a weights
+        # file's suffix) is the user's own file, relative to the workflow root
+        if isinstance(value, str) and (value.startswith(("/", "./", "../", "~")) or value.endswith(WEIGHTS_SUFFIXES)):
+            if not Path(value).expanduser().is_file():
+                raise ConfigError(f"{'.'.join(keys)}: {value!r}: no such weights file")
 
 
 def load_params(
