@@ -37,24 +37,6 @@ def test_rebuild_is_byte_identical(smoke, tmp_path):
         assert a and a == b, phase
 
 
-def test_corrupt_item_is_quarantined_and_the_rest_proceed(smoke, tmp_path):
-    work = tmp_path / "faulty"
-    shutil.copytree(smoke, work, symlinks=True)
-    corpus = work / "data/smoke/corpus"
-    wavs = sorted(corpus.rglob("*.wav"))
-    victim = wavs[0]
-    victim.write_bytes(victim.read_bytes()[:2000])  # truncated
-    orphan = wavs[1].with_name("orphan_0000.txt")
-    orphan.write_text("A transcript whose audio is missing.\n")
-    snakemake(work, "data", "--forcerun", "manifests")
-    rows = (work / "results/smoke/data/quarantine.tsv").read_text().splitlines()[1:]
-    reasons = {row.split("\t")[0]: row.split("\t")[2] for row in rows}
-    assert reasons[victim.stem].startswith("audio: truncated")
-    assert reasons["orphan_0000"] == "pairing: transcript has no audio file"
-    stats = json.loads((work / "results/smoke/data/corpus.json").read_text())
-    assert stats["accepted"] == len(wavs) - 1
-
-
 def test_lint_is_clean(smoke):
     result = snakemake(smoke, "--lint", check=False)
     assert result.returncode == 0, result.stdout + result.stderr
