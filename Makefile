@@ -1,10 +1,10 @@
-# The two commands of the README. Both install what they need first (scripts/setup.sh is
+# The commands of the README. Each installs what it needs first (scripts/setup.sh is
 # idempotent: a second run installs nothing).
 SHELL := /bin/bash
 VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup reproduce test
+.PHONY: setup reproduce test pull
 
 setup:
 	bash scripts/setup.sh
@@ -16,3 +16,8 @@ reproduce: setup
 # Install everything, then run the test suite (unit tests + smoke DAG).
 test: setup
 	python -m pytest -q
+
+# A teammate's checkout: fetch the outputs of this commit from the DVC remote, check them against
+# dvc.lock and mark them up to date for Snakemake (scripts/pull.sh says why that order).
+pull: setup
+	bash scripts/pull.sh
