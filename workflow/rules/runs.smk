@@ -47,8 +47,7 @@ SYSTEMS_OF = {
     "nar": {"nar": ("nar", {})},
     "syncspeech": {"syncspeech": ("syncspeech", {})},
     "palle": {"palle_stage1": ("palle", {"refine_steps": 0}), "palle": ("palle", {})},
-    # unmasking steps 16 (default), 8, 4: the steps Pareto of delta_tts.txt Fig. 2, no retraining
-    "delta": {"delta": ("delta", {}), "delta_steps8": ("delta", {"steps": 8}), "delta_steps4": ("delta", {"steps": 4})},
+    "delta": {"delta": ("delta", {})},  # its steps Pareto (Fig. 2) is the grid delta_steps
     "cod": {"cod": ("cod", {})},
 }
 # ablations named in training.ablations -> (the paradigm they vary, their extra systems); the
