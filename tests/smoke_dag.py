@@ -37,9 +37,12 @@ def run(cmd, cwd, check=True, timeout=900):
     return result
 
 
-def snakemake(cwd, *args, check=True):
+DAG_TIMEOUT = 2400  # a whole smoke DAG: ~8 min alone on 2 cores; a safety net for a busy machine, not a timing test
+
+
+def snakemake(cwd, *args, check=True, timeout=DAG_TIMEOUT):
     # --config takes every following word as a key=value pair, so it goes last
-    return run([str(BIN / "snakemake"), "--cores", "2", *args, "--config", "profile=smoke"], cwd, check)
+    return run([str(BIN / "snakemake"), "--cores", "2", *args, "--config", "profile=smoke"], cwd, check, timeout)
 
 
 def tree_digest(root: Path) -> dict[str, str]:

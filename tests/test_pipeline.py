@@ -64,22 +64,33 @@ def test_evaluation_and_report(smoke):
     separation = audit["sim"]["same_vs_different_speaker"]
     assert separation["same_mean"] > separation["different_mean"] and separation["auc"] > 0.9
     metrics = json.loads((results / "metrics.json").read_text())
-    # smoke trains a tiny offline codec (two resynthesis rows) and every paradigm and ablation (13 systems)
-    assert set(metrics) == {"ground_truth", "resynth_offline", "resynth_offline_rvq", *SYSTEMS, "ground_truth_audit"}
+    # smoke trains a tiny offline codec (two resynthesis rows), every paradigm (two seeds each), the
+    # ablations and the grids
+    assert set(metrics) == {"ground_truth", "resynth_offline", "resynth_offline_rvq", *SYSTEMS, *SEED2, *CROSS_ONLY,
+                            "ground_truth_audit"}
+    assert set(metrics["delta_mu1.0"]) == {"cross_sentence"}  # grids speak training.grid_tasks only
     table = (results / "report/comparison.md").read_text()
     assert "| ground_truth |" in table and "WER-P corpus" in table
+    assert re.search(r"\| ar \| 0\.\d\dM \| \d+\.\d\d ± \d+\.\d\d \|", table)  # mean ± sd over the 2 seeds
     for ablation in ("Chain-of-Details: temporal levels", "DELTA-TTS: unmasking steps", "PALLE: stages",
-                     "SyncSpeech: pre-training and attention mask"):
+                     "SyncSpeech: pre-training and attention mask", "DELTA-TTS: time-shifted schedule", "SyncSpeech: look-ahead text tokens",
+                     "PALLE: total duration multiplier (x ground-truth duration)", "Claims of the papers, tested on this run"):
         assert f"### {ablation}" in table
+    assert re.search(r"\| The hybrid mask beats a causal mask \| syncspeech.txt Table 2 \| Cross-sentence \| wer \|"
+                     r" syncspeech \d+\.\d\d ± \d+\.\d\d \| syncspeech_causal \d+\.\d\d \| \*\*(reproduced|tie|reversed)\*\* \|",
+                     table)
     assert "### Training" in table and re.search(r"\| nar \| nar \| 0\.\d\dM \| 2 x 32 \| 30 \|", table)
-    for plot in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png", "wer_vs_rtf.png"):
+    for plot in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png", "wer_vs_rtf.png",
+                 "grid_delta_steps.png", "grid_palle_duration.png"):
         assert (results / "report/plots" / plot).stat().st_size > 10_000
 
 
-SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "delta_steps8", "delta_steps4", "cod",
-           "cod_l2", "cod_l1", "syncspeech_nopretrain", "syncspeech_causal"]
+SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "cod"]  # the comparison: both tasks
+SEED2 = [f"{s}_seed2" for s in SYSTEMS]  # evaluation.synthesis_seeds: 2
+CROSS_ONLY = ["syncspeech_nopretrain", "syncspeech_causal", "cod_l1", "cod_l2", "syncspeech_q2", "delta_steps4",
+              "delta_mu1.0", "palle_dur0.7", "palle_dur1.0"]  # ablations and grids (training.grid_tasks)
 RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_l2", "cod_l1",
-        "syncspeech_nopretrain", "syncspeech_causal_pretrain", "syncspeech_causal"]
+        "syncspeech_nopretrain", "syncspeech_causal_pretrain", "syncspeech_causal", "syncspeech_q2"]
 
 
 def test_paradigms_train_and_speak_every_item(smoke):
@@ -92,8 +103,10 @@ def test_paradigms_train_and_speak_every_item(smoke):
     assert "initialised from data/smoke/runs/palle_stage1/best.pt" in (smoke / "logs/smoke/train_palle.log").read_text()
     causal = (smoke / "data/smoke/runs/syncspeech_causal/config.yaml").read_text()
     assert "attention: causal" in causal and "syncspeech_causal_pretrain" in causal
-    for system in SYSTEMS:
-        for task in ("continuation", "cross_sentence"):
+    q2 = (smoke / "data/smoke/runs/syncspeech_q2/config.yaml").read_text()
+    assert "q: 2" in q2 and "syncspeech_pretrain" in q2  # a training-time grid value: its own fine-tuning run
+    for system in SYSTEMS + SEED2 + CROSS_ONLY:
+        for task in ("continuation", "cross_sentence") if system not in CROSS_ONLY else ("cross_sentence",):
             folder = smoke / f"data/smoke/systems/{system}/{task}"
             timing = [json.loads(line) for line in (folder / "timing.jsonl").read_text().splitlines()]
             assert len(timing) == 6 and len(list(folder.glob("*.wav"))) == 6
@@ -107,6 +120,16 @@ def test_paradigms_train_and_speak_every_item(smoke):
                     assert record["refine_passes"] == 0
                 if system.startswith("delta_steps"):  # at most its steps (a step with nothing to commit is skipped)
                     assert record["forward_passes"] <= int(system.removeprefix("delta_steps"))
+                if system.startswith("palle_dur"):  # Fig. 5: the ground-truth duration times the multiplier
+                    assert record["generated_frames"] >= 1
+    # the seed changes what a system says, nothing else does
+    first, second = (smoke / "data/smoke/systems/ar/cross_sentence", smoke / "data/smoke/systems/ar_seed2/cross_sentence")
+    assert any((first / w.name).read_bytes() != w.read_bytes() for w in second.glob("*.wav"))
+    # the duration multiplier scales the ground-truth length: 0.7x speaks fewer frames than 1.0x
+    frames = {m: sum(json.loads(line)["generated_frames"] for line in
+                     (smoke / f"data/smoke/systems/palle_dur{m}/cross_sentence/timing.jsonl").read_text().splitlines())
+              for m in ("0.7", "1.0")}
+    assert frames["0.7"] < frames["1.0"]
         evaluation = json.loads((smoke / f"results/smoke/eval/{system}/cross_sentence.json").read_text())
         assert evaluation["speed"]["fpl_l"] > evaluation["speed"]["fpl_a"]
 
@@ -126,8 +149,8 @@ def test_html_report_renders_with_working_audio(smoke, tmp_path):
     result = run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
                   page.as_uri()], tmp_path, timeout=120)
     players = re.findall(r"<audio[^>]*>", result.stdout)
-    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + 13 paradigm systems)
-    assert len(players) == 68
+    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + the 7 systems of the comparison)
+    assert len(players) == 44
     assert all('data-state="loaded"' in p for p in players), players
     assert "<h1>arnar report" in result.stdout
 
