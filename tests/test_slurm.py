@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
 GPU_SLOTS = 2
+TORCHRUN_RUN = "nar"  # the run that trains over both GPU slots (torchrun, 2 ranks)
 
 
 def _free_port() -> int:
@@ -138,7 +139,9 @@ def slurm_cluster(tmp_path_factory):
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
 
     try:
-        start("munged", "munged", "--foreground", f"--socket={root}/munge/munge.socket",
+        # --force: pytest's temporary folders are private (0700) and munged wants every folder
+        # above its socket open to all users; every client here is root anyway
+        start("munged", "munged", "--foreground", "--force", f"--socket={root}/munge/munge.socket",
               f"--key-file={key}", f"--log-file={log}/munged.log", f"--pid-file={root}/munge/munged.pid",
               f"--seed-file={root}/munge/munged.seed")
         _wait("munged did not start", lambda: (root / "munge/munge.socket").exists(), 20, [log / "munged.out"])
@@ -165,11 +168,14 @@ def _cluster_profile(work: Path):
     path = work / "workflow/profiles/slurm/config.yaml"
     profile = yaml.safe_load(path.read_text())
     node_mb = _node_memory_mb()
-    profile["default-resources"]["mem_mb"] = 2000
-    for rule, resources in profile["set-resources"].items():
-        resources["mem_mb"] = min(resources["mem_mb"], node_mb // 2)
-    # two ranks (torchrun) over the two GPU slots, one CPU each: the node has two cores
-    profile["set-resources"]["train"].update(gpu=GPU_SLOTS, cpus_per_gpu=1, mem_mb=node_mb // 2)
+    profile["default-resources"].update(mem_mb=2000, runtime=60)
+    for resources in profile["set-resources"].values():
+        # short limits let SLURM's backfill start small jobs beside a long one
+        resources.update(mem_mb=min(resources["mem_mb"], node_mb // 2), runtime=60)
+    # One CPU per GPU slot (the node has two cores), so two single-GPU jobs share the node. The
+    # smallest run trains on both slots: torchrun with two ranks.
+    profile["set-resources"]["train"].update(gpu=f"{GPU_SLOTS} if wildcards.run == '{TORCHRUN_RUN}' else 1",
+                                             cpus_per_gpu=1)
     profile.update({
         "slurm-status-command": "squeue",  # no accounting database here for sacct
         "slurm-no-account": True,
@@ -221,8 +227,12 @@ def test_smoke_dag_runs_through_slurm(slurm_cluster, tmp_path):
     assert {job["state"] for job in jobs} == {"COMPLETED"}, [j for j in jobs if j["state"] != "COMPLETED"]
     # the GPU requests reached the scheduler; train ran one torchrun rank per GPU slot
     gpus = {rule: {job["tres"] for job in jobs if job["rule"] == rule} for rule in per_rule}
-    assert gpus["train"] == {f"gres:gpu:{GPU_SLOTS}"} and gpus["synthesize"] == {"gres:gpu:1"}
+    assert gpus["train"] == {f"gres:gpu:{GPU_SLOTS}", "gres:gpu:1"} and gpus["synthesize"] == {"gres:gpu:1"}
     assert gpus["manifests"] == {"N/A"}
-    for log in sorted((work / "logs/smoke").glob("train_*.log")):
-        assert f"{GPU_SLOTS} rank(s) on cpu" in log.read_text(), log.read_text()[-2000:]
+    runs = sorted(p.name for p in (work / "data/smoke/runs").iterdir())
+    assert len(runs) == per_rule["train"]
+    for run_name in runs:
+        log = (work / f"logs/smoke/train_{run_name}.log").read_text()
+        ranks = GPU_SLOTS if run_name == TORCHRUN_RUN else 1
+        assert f"{ranks} rank(s) on cpu" in log, log[-2000:]
     print(f"smoke DAG through SLURM: {len(jobs)} sbatch jobs in {minutes:.1f} min")
