@@ -198,13 +198,20 @@ def _slurm_jobs(env) -> list[dict]:
     return jobs
 
 
+# The smoke DAG through SLURM up to two evaluated systems: every phase and rule kind (corpus, ingest,
+# alignment, codec training, tokens, a plain and a torchrun training run, synthesis, evaluation)
+# goes through sbatch. The whole smoke DAG is ~150 jobs and each sbatch job costs 10-20 s of
+# scheduling on a 2-core machine, too long for CI; the whole DAG runs locally in the session fixture.
+TARGETS = ["results/smoke/eval/ar/cross_sentence.json", "results/smoke/eval/nar/cross_sentence.json"]
+
+
 def test_smoke_dag_runs_through_slurm(slurm_cluster, tmp_path):
     env = slurm_cluster
     work = copy_workflow(tmp_path / "cluster")
     profile = _cluster_profile(work)
     assert profile["executor"] == "slurm" and profile["set-resources"]["synthesize"]["gpu"] == 1
 
-    dry = run(["snakemake", "-n", "--quiet", "rules", "--config", "profile=smoke"], work)
+    dry = run(["snakemake", "-n", "--quiet", "rules", *TARGETS, "--config", "profile=smoke"], work)
     planned = {}
     for line in dry.stdout.splitlines():
         words = line.split()
@@ -213,12 +220,12 @@ def test_smoke_dag_runs_through_slurm(slurm_cluster, tmp_path):
 
     started = time.monotonic()
     result = subprocess.run(
-        ["snakemake", "--workflow-profile", "workflow/profiles/slurm", "--config", "profile=smoke"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=5400)
+        ["snakemake", "--workflow-profile", "workflow/profiles/slurm", *TARGETS, "--config", "profile=smoke"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=2400)
     minutes = (time.monotonic() - started) / 60
     assert result.returncode == 0, result.stderr[-6000:]
-    assert json.loads((work / "results/smoke/metrics.json").read_text())
-    assert (work / "results/smoke/report/index.html").exists()
+    for target in TARGETS:
+        assert json.loads((work / target).read_text())["items"] == 6
 
     # every job with a command was an sbatch job, and every one of them completed
     jobs = _slurm_jobs(env)
