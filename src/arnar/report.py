@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import shutil
 import statistics
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ matplotlib.use("Agg")  # files only; no display on these machines
 import matplotlib.pyplot as plt  # noqa: E402
 
 from arnar.ablations import GRIDS, grid_rows, value_name  # noqa: E402
+from arnar.atomic import atomic_path, write_text  # noqa: E402
 from arnar.evaluate.testlists import TASKS, read_testlist  # noqa: E402
 
 TASK_TITLES = {"continuation": "Continuation", "cross_sentence": "Cross-sentence"}
@@ -34,11 +34,11 @@ def _fmt(value, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp.{path.name}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def _save(fig, path: Path) -> None:
+    """A figure, written atomically (the temporary name keeps the extension matplotlib reads)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)
 
 
 @dataclass
@@ -420,8 +420,7 @@ def plot_systems(results: dict[str, dict[str, dict]], path: Path) -> None:
         ax.set_title(title)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str = "cross_sentence") -> bool:
@@ -458,8 +457,7 @@ def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str =
     ax.set_ylabel(f"WER corpus (%), {TASK_TITLES[task]}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -483,8 +481,7 @@ def plot_grid(results: dict[str, dict[str, dict]], axis: str, values: list, path
         ax.legend(fontsize=8)
     fig.suptitle(f"{grid.title} ({grid.source})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -500,8 +497,7 @@ def plot_audit(audit: dict, wer_path: Path, sim_path: Path) -> None:
     ax.tick_params(axis="x", rotation=25)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(wer_path, dpi=110)
-    plt.close(fig)
+    _save(fig, wer_path)
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
     histograms = audit["sim"].get("histograms") or {}
@@ -517,8 +513,7 @@ def plot_audit(audit: dict, wer_path: Path, sim_path: Path) -> None:
     ax.set_title("Speaker similarity of pairs")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(sim_path, dpi=110)
-    plt.close(fig)
+    _save(fig, sim_path)
 
 
 # --- HTML -----------------------------------------------------------------------------------------
@@ -618,9 +613,9 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
         if extra:
             tables_md = f"{tables_md}\n{extra}"
     audit_md = audit_table(audit)
-    _atomic_text(out_dir / "comparison.md", f"# Comparison — profile {profile}\n\n{tables_md}")
-    _atomic_text(out_dir / "ground_truth_audit.md", f"# Ground-truth audit — profile {profile}\n\n{audit_md}")
-    _atomic_text(out_dir.parent / "metrics.json",
+    write_text(out_dir / "comparison.md", f"# Comparison — profile {profile}\n\n{tables_md}")
+    write_text(out_dir / "ground_truth_audit.md", f"# Ground-truth audit — profile {profile}\n\n{audit_md}")
+    write_text(out_dir.parent / "metrics.json",
                  json.dumps(metrics_summary(results, audit), indent=2, sort_keys=True) + "\n")
 
     plots_dir = out_dir / "plots"
@@ -661,5 +656,5 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
                     row["systems"][system] = None
             rows.append(row)
         sample_rows[task] = rows
-    _atomic_text(out_dir / "index.html", build_html(profile=profile, tables_md=tables_md, audit_md=audit_md,
+    write_text(out_dir / "index.html", build_html(profile=profile, tables_md=tables_md, audit_md=audit_md,
                                                     samples=sample_rows, plots=plots))
