@@ -120,9 +120,9 @@ def test_paradigms_train_and_speak_every_item(smoke):
                     assert record["refine_passes"] == 0
                 if system.startswith("delta_steps"):  # at most its steps (a step with nothing to commit is skipped)
                     assert record["forward_passes"] <= int(system.removeprefix("delta_steps"))
-                if system.startswith("palle_dur"):  # Fig. 5: the ground-truth duration times the multiplier
-                    assert record["generated_frames"] >= 1
-    # the seed changes what a system says, nothing else does
+        evaluation = json.loads((smoke / f"results/smoke/eval/{system}/cross_sentence.json").read_text())
+        assert evaluation["speed"]["fpl_l"] > evaluation["speed"]["fpl_a"]
+    # a second synthesis seed is a second sample of the same checkpoint: the audio differs
     first, second = (smoke / "data/smoke/systems/ar/cross_sentence", smoke / "data/smoke/systems/ar_seed2/cross_sentence")
     assert any((first / w.name).read_bytes() != w.read_bytes() for w in second.glob("*.wav"))
     # the duration multiplier scales the ground-truth length: 0.7x speaks fewer frames than 1.0x
@@ -130,8 +130,6 @@ def test_paradigms_train_and_speak_every_item(smoke):
                      (smoke / f"data/smoke/systems/palle_dur{m}/cross_sentence/timing.jsonl").read_text().splitlines())
               for m in ("0.7", "1.0")}
     assert frames["0.7"] < frames["1.0"]
-        evaluation = json.loads((smoke / f"results/smoke/eval/{system}/cross_sentence.json").read_text())
-        assert evaluation["speed"]["fpl_l"] > evaluation["speed"]["fpl_a"]
 
 
 CHROMIUM_FLAGS = [
