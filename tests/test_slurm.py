@@ -211,7 +211,8 @@ def test_smoke_dag_runs_through_slurm(slurm_cluster, tmp_path):
     profile = _cluster_profile(work)
     assert profile["executor"] == "slurm" and profile["set-resources"]["synthesize"]["gpu"] == 1
 
-    dry = run(["snakemake", "-n", "--quiet", "rules", *TARGETS, "--config", "profile=smoke"], work)
+    # targets first: --quiet takes every following word as one of its choices
+    dry = run(["snakemake", *TARGETS, "-n", "--quiet", "rules", "--config", "profile=smoke"], work)
     planned = {}
     for line in dry.stdout.splitlines():
         words = line.split()
