@@ -389,6 +389,57 @@ def test_speaker_only_mode_ignores_the_prompt_tokens():
     assert bool((seen[0]["input_ids"][0, 4:] == MASK).all())
 
 
+def test_coarse_levels_from_features_replace_the_decimations():
+    # Table V: with coarse_tokenizer, levels 1 and 2 are the features' tokens (any codes, here
+    # 11 - j), level 3 is still the speech; the layout and the conditioning are unchanged
+    speech = torch.arange(23) % 12
+    utt = utterance(T=23, P=5, speech=speech)
+    coarse = [torch.tensor([11 - j for j in range(6)]), torch.tensor([(11 - j) % 12 for j in range(12)])]
+    utt.features["coarse"] = coarse
+    truth_of = {1: coarse[0], 2: coarse[1], 3: speech}
+    for level, n in zip((1, 2, 3), (6, 12, 23)):
+        probs = [float(level == k) for k in (1, 2, 3)]
+        m = model(level_probs=probs, speech_prompt=False, previous_noise=0.0, condition_dropout=0.0,
+                  coarse_tokenizer="coarse_units")  # the folder is only read at synthesis
+        e = m.training_example(utt, torch.Generator().manual_seed(level))
+        assert len(e) == 5 + n
+        truth = VOCAB.speech(truth_of[level])
+        masked = e.input_ids[5:] == MASK
+        assert torch.equal(e.input_ids[5:][~masked], truth[~masked])
+        assert torch.equal(e.targets[5:][masked], truth[masked])
+        if level > 1:  # the previous level is the features' level, each token twice
+            below = truth_of[level - 1]
+            assert e.extras["previous"][5:].tolist() == [int(below[j // 2]) + 1 for j in range(n)]
+    m = model(coarse_tokenizer="coarse_units")
+    bad = utterance(T=23)
+    with pytest.raises(ValueError, match="coarse-tokens"):  # no coarse levels in the features
+        m.training_example(bad, torch.Generator())
+    bad.features["coarse"] = [torch.zeros(5, dtype=torch.long), torch.zeros(12, dtype=torch.long)]
+    with pytest.raises(ValueError, match="coarse level 1 has 5 tokens, 23 frames need 6"):
+        m.training_example(bad, torch.Generator())
+    bad.features["coarse"] = [torch.full((6,), 12), torch.zeros(12, dtype=torch.long)]
+    with pytest.raises(ValueError, match=r"outside 0\.\.11"):
+        m.training_example(bad, torch.Generator())
+    with pytest.raises(ValueError, match="levels >= 2"):
+        model(levels=1, level_probs=[1.0], coarse_tokenizer="coarse_units")
+
+
+def test_coarse_prompt_levels_come_from_the_request():
+    m = model(coarse_tokenizer="coarse_units")
+    seen = record_passes(m)
+    req = request(prompt_frames=10, target_frames=7)  # trimmed to 8 frames: 2 / 4 / 8 prompt tokens
+    req.features["prompt_coarse"] = [torch.tensor([9, 10]), torch.tensor([1, 2, 3, 4])]
+    gen = m.generate(req, torch.Generator().manual_seed(0), steps=2)
+    assert gen.info["level_lengths"] == [2 + 2, 4 + 4, 8 + 7]
+    P = 7
+    assert VOCAB.speech_codes(seen[0]["input_ids"][0, P:P + 2]).tolist() == [9, 10]
+    assert VOCAB.speech_codes(seen[2]["input_ids"][0, P:P + 4]).tolist() == [1, 2, 3, 4]
+    assert VOCAB.speech_codes(seen[4]["input_ids"][0, P:P + 8]).tolist() == req.prompt_speech[2:].tolist()
+    req.features["prompt_coarse"] = [torch.tensor([9]), torch.tensor([1, 2, 3, 4])]
+    with pytest.raises(ValueError, match="coarse level 1 has 1 tokens"):
+        m.generate(req, torch.Generator(), steps=1)
+
+
 def test_trim_prompt_keeps_the_end():
     assert trim_prompt(torch.arange(10), 4).tolist() == list(range(2, 10))
     assert trim_prompt(torch.arange(3), 4).tolist() == []

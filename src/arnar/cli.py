@@ -517,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
                    " (see arnar stream --help)")
     sub.add_parser("cod-features", help="Chain-of-Details inputs: phonemes and speaker embeddings per utterance"
                    " (see arnar cod-features --help)")
+    sub.add_parser("coarse-tokens", help="Chain-of-Details Table V: fit coarse tokens of other kinds, add them to"
+                   " its features (see arnar coarse-tokens --help)")
     sub.add_parser("train", help="train a paradigm: arnar train --run-dir R --tokens T --durations D --bpe B"
                    " -- paradigm=ar model=small train=mini (see arnar train --help)")
 
@@ -620,6 +622,10 @@ def main(argv: list[str] | None = None) -> int:
         from arnar.data.cod_features import main as cod_features_main
 
         return cod_features_main(argv[1:])
+    if argv[:1] == ["coarse-tokens"]:  # CoD coarse token kinds (arnar.codec.coarse)
+        from arnar.codec.coarse import main as coarse_tokens_main
+
+        return coarse_tokens_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

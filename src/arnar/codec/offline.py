@@ -1017,15 +1017,33 @@ class OfflineCodec:
         with self._threads():
             return [self._encode_one(c) for c in clips]
 
-    def _encode_one(self, clip: np.ndarray) -> np.ndarray:
+    def latents(self, audio: np.ndarray, sample_rate: int):
+        """The vectors this stream quantizes, one per token frame: ``float32 [T, D]`` (torch).
+
+        Semantic stream: the phone encoder's features at ``token_layer`` (what its k-means
+        clusters, 25 Hz). RVQ stream: the globally normalised log-mel, 2 frames stacked (160-d,
+        50 Hz), which codebook 1 quantizes. Chain-of-Details' coarse-token ablation
+        (:mod:`arnar.codec.coarse`) pools and quantizes these."""
+        from arnar.evaluate.audio import resample
+
+        clip = resample(check_clips([audio])[0], sample_rate, SAMPLE_RATE)
+        with self._threads():
+            return self._latents(clip).clone()
+
+    def _latents(self, clip: np.ndarray):
         torch = _torch()
         if self.stream == "semantic":
             norm, _, _ = _utterance_norm(log_mel(clip, SEMANTIC_STACK))
             x = torch.from_numpy(norm.reshape(-1, SEMANTIC_STACK * N_MELS))[None].to(self.device)
-            feats = self.encoder.features(x, self.cfg.get("token_layer", "bottleneck"))[0].cpu()
-            return _assign(feats, self.centroids).numpy().astype(np.int64)[None, :]
+            return self.encoder.features(x, self.cfg.get("token_layer", "bottleneck"))[0].cpu()
         mel = torch.from_numpy(log_mel(clip, RVQ_STACK))
-        res = ((mel - self.mean) / self.std).reshape(-1, RVQ_STACK * N_MELS)
+        return ((mel - self.mean) / self.std).reshape(-1, RVQ_STACK * N_MELS)
+
+    def _encode_one(self, clip: np.ndarray) -> np.ndarray:
+        torch = _torch()
+        if self.stream == "semantic":
+            return _assign(self._latents(clip), self.centroids).numpy().astype(np.int64)[None, :]
+        res = self._latents(clip)
         codes = []
         for cb in self.codebooks:
             idx = _assign(res, cb)

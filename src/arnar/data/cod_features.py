@@ -37,7 +37,7 @@ import torch
 
 from arnar.atomic import atomic_path
 
-__all__ = ["CodFeaturesError", "build_features", "main"]
+__all__ = ["CodFeaturesError", "build_features", "main", "read_cut_audio"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class CodFeaturesError(ValueError):
     """Inputs of the features builder that are missing or unusable (the message names the file)."""
 
 
-def _read_cut_audio(cut: Any, where: str) -> tuple[np.ndarray, int]:
+def read_cut_audio(cut: Any, where: str) -> tuple[np.ndarray, int]:
     """Mono float32 audio of one cut (its offset and duration within the recording)."""
     import soundfile as sf
 
@@ -98,7 +98,7 @@ def build_features(cuts_jsonl: str | os.PathLike, out_path: str | os.PathLike, *
         if not ids:
             left_out.append(cut.id)
             continue
-        audio, rate = _read_cut_audio(cut, str(cuts_path))
+        audio, rate = read_cut_audio(cut, str(cuts_path))
         try:
             embedding = encoder.embed([audio], rate)[0]
         except AudioError as err:

@@ -16,6 +16,14 @@ the first quantizer alone, since the residual stack is trained so that any prefi
 quantizer too and does not say how the other eight are obtained; an acoustic stage would add cost
 that no other paradigm here pays.
 
+Coarse token types (Table V; option ``coarse_tokenizer``, a folder of :mod:`arnar.codec.coarse`).
+Unset, the coarse levels are the decimations above. Set, levels ``1 .. L-1`` are tokens of another
+kind, of the same lengths and codebook size: independently trained codebooks on time-pooled codec
+latents, the codec's own first codebook on those pooled latents, or 25 Hz encoder units (L = 2).
+Training reads them from the features (``coarse``, added by ``arnar coarse-tokens``); synthesis
+computes the prompt's from its audio in :meth:`CoD.prepare_request`. Everything else, the finest
+level included, is unchanged, so the runs differ only in what the coarse levels are.
+
 Sequence layout of one training example (or one decoding pass at level ``l``)::
 
     position   0 .. P-1                         P .. P+N_l-1
@@ -248,7 +256,7 @@ class CoD(Paradigm):
                  phoneme_tokenizer: str | None = None, condition_dropout: float = 0.1,
                  previous_noise: float = 0.1, speech_prompt: bool = True, prompt_max: float = 0.4,
                  duration_dim: int = 128, duration_layers: int = 2, duration_heads: int = 2,
-                 duration_weight: float = 1.0, **unknown: Any):
+                 duration_weight: float = 1.0, coarse_tokenizer: str | None = None, **unknown: Any):
         from arnar.nn import TransformerConfig
 
         if unknown:
@@ -272,7 +280,8 @@ class CoD(Paradigm):
                          phoneme_tokenizer=phoneme_tokenizer, condition_dropout=condition_dropout,
                          previous_noise=previous_noise, speech_prompt=speech_prompt, prompt_max=prompt_max,
                          duration_dim=duration_dim, duration_layers=duration_layers,
-                         duration_heads=duration_heads, duration_weight=duration_weight)
+                         duration_heads=duration_heads, duration_weight=duration_weight,
+                         coarse_tokenizer=coarse_tokenizer)
         self.n_levels = levels
         self.level_probs = torch.tensor(probs, dtype=torch.float)
         self.n_phonemes, self.speaker_dim = int(n_phonemes), int(speaker_dim)
@@ -280,6 +289,9 @@ class CoD(Paradigm):
         self.speech_prompt, self.prompt_max = bool(speech_prompt), float(prompt_max)
         self.duration_weight = float(duration_weight)
         self.speaker_encoder_name, self.phoneme_tokenizer_path = speaker_encoder, phoneme_tokenizer
+        if coarse_tokenizer is not None and levels < 2:
+            raise ValueError("CoD coarse_tokenizer needs levels >= 2 (one level has no coarse tokens)")
+        self.coarse_tokenizer_path = coarse_tokenizer  # None: coarse levels are decimations (Table V, row 1)
         dim = cfg.dim
         self.phoneme_embed = nn.Embedding(self.n_phonemes, dim)
         self.previous_embed = nn.Embedding(vocab.speech_size + 1, dim, padding_idx=0)  # row 0: none
@@ -318,6 +330,27 @@ class CoD(Paradigm):
             raise ValueError(f"{where}: speaker embedding of size {speaker.numel()}, the CoD option speaker_dim is "
                              f"{self.speaker_dim} (features made with another speaker encoder?)")
         return phonemes, speaker
+
+    def speech_levels(self, speech: Tensor, features: dict[str, Any], key: str, where: str) -> list[Tensor]:
+        """Levels 1..L of ``speech`` (finest-level codes [T]), coarse to fine: its decimations, or
+        with ``coarse_tokenizer`` the coarse levels of ``features[key]`` and ``speech`` itself."""
+        if self.coarse_tokenizer_path is None:
+            return [torch.from_numpy(x) for x in decimated_levels(speech.numpy(), self.n_levels)]
+        coarse = features.get(key)
+        if coarse is None or len(coarse) != self.n_levels - 1:
+            raise ValueError(f"{where}: CoD with coarse_tokenizer needs features {key!r} with {self.n_levels - 1} "
+                             f"coarse levels (got {'none' if coarse is None else len(coarse)}); add them with "
+                             "`arnar coarse-tokens`, or prepare_request at synthesis")
+        out = []
+        for level, (codes, factor) in enumerate(zip(coarse, level_factors(self.n_levels)), start=1):
+            codes = torch.as_tensor(codes).long().reshape(-1)
+            if len(codes) != math.ceil(len(speech) / factor):
+                raise ValueError(f"{where}: coarse level {level} has {len(codes)} tokens, {len(speech)} frames "
+                                 f"need {math.ceil(len(speech) / factor)} (coarse tokens made with another codec?)")
+            if len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= self.vocab.speech_size):
+                raise ValueError(f"{where}: coarse level {level} has codes outside 0..{self.vocab.speech_size - 1}")
+            out.append(codes)
+        return out + [speech.long()]
 
     def sequence_length(self, utt: Utterance) -> int:
         """Upper bound of the training sequence for the engine's token budget: phonemes + all
@@ -376,7 +409,7 @@ class CoD(Paradigm):
         phonemes, speaker = self._features(utt.features, utt.utt_id)
         T = utt.num_frames
         level = sample_level(self.level_probs, generator)
-        tokens = [torch.from_numpy(x) for x in decimated_levels(utt.speech.numpy(), self.n_levels)]
+        tokens = self.speech_levels(utt.speech, utt.features, "coarse", utt.utt_id)
         current = tokens[level - 1]
         N = len(current)
         n_prompt = self.prompt_frames(T, generator) // level_factors(self.n_levels)[level - 1]
@@ -454,7 +487,24 @@ class CoD(Paradigm):
                         "phonemes": torch.tensor(phonemes, dtype=torch.long),
                         "prompt_phonemes": torch.tensor(tokenizer.encode(prompt_text), dtype=torch.long),
                         "speaker": torch.as_tensor(speaker, dtype=torch.float)}
+        if self.coarse_tokenizer_path is not None and self.speech_prompt:
+            # the coarse levels of the prompt as generate trims it (trim_prompt: the first T_p mod F
+            # frames dropped), from its audio
+            skip = len(request.prompt_speech) % self.prompt_multiple
+            levels = self._coarse_tokenizer().levels(prompt_audio, int(sample_rate), skip_frames=skip)
+            out.features["prompt_coarse"] = [torch.from_numpy(x) for x in levels]
         return out
+
+    def _coarse_tokenizer(self):
+        if getattr(self, "_coarse_tokenizer_cache", None) is None:
+            from arnar.codec.coarse import CoarseTokenizer
+
+            tokenizer = CoarseTokenizer.load(self.coarse_tokenizer_path)
+            if tokenizer.n_levels != self.n_levels:
+                raise ValueError(f"CoD with {self.n_levels} levels, its coarse_tokenizer {self.coarse_tokenizer_path} "
+                                 f"makes {tokenizer.n_levels}")
+            self._coarse_tokenizer_cache = tokenizer
+        return self._coarse_tokenizer_cache
 
     @torch.no_grad()
     def predict_frames(self, phonemes: Tensor, speaker: Tensor) -> int:
@@ -500,7 +550,8 @@ class CoD(Paradigm):
         speaker_rows = speaker[None].expand(len(drop), -1).to(device)
         calls_before = self.backbone_calls
         factors = level_factors(self.n_levels)
-        prompt_levels = decimated_levels(prompt.numpy(), self.n_levels)  # each empty without a prompt
+        prompt_levels = self.speech_levels(prompt, features, "prompt_coarse", "CoD synthesis request (prompt)") \
+            if self.speech_prompt else [torch.zeros(0, dtype=torch.long)] * self.n_levels
         finished: Tensor | None = None  # codes of the last decoded level, prompt included
         lengths = []
         for level, factor in enumerate(factors, start=1):
@@ -509,7 +560,7 @@ class CoD(Paradigm):
             N = n_prompt + n_target
             lengths.append(N)
             previous = None if finished is None else torch.from_numpy(upsample(finished.numpy(), 2, N))
-            current = torch.cat([self.vocab.speech(torch.from_numpy(prompt_levels[level - 1])),
+            current = torch.cat([self.vocab.speech(prompt_levels[level - 1]),
                                  torch.full((n_target,), MASK, dtype=torch.long)])
             sequence = self._sequence(phonemes, current, previous)
             input_ids, phoneme_extra, previous_extra = (t.to(device) for t in sequence)
