@@ -74,7 +74,8 @@ def test_evaluation_and_report(smoke):
     assert re.search(r"\| ar \| 0\.\d\dM \| \d+\.\d\d ± \d+\.\d\d \|", table)  # mean ± sd over the 2 seeds
     for ablation in ("Chain-of-Details: temporal levels", "DELTA-TTS: unmasking steps", "PALLE: stages",
                      "SyncSpeech: pre-training and attention mask", "DELTA-TTS: time-shifted schedule", "SyncSpeech: look-ahead text tokens",
-                     "PALLE: total duration multiplier (x ground-truth duration)", "Claims of the papers, tested on this run"):
+                     "PALLE: total duration multiplier (x ground-truth duration)", "Claims of the papers, tested on this run",
+                     "Chain-of-Details: coarse token types"):
         assert f"### {ablation}" in table
     assert re.search(r"\| The hybrid mask beats a causal mask \| syncspeech.txt Table 2 \| Cross-sentence \| wer \|"
                      r" syncspeech \d+\.\d\d ± \d+\.\d\d \| syncspeech_causal \d+\.\d\d \| \*\*(reproduced|tie|reversed)\*\* \|",
@@ -88,9 +89,10 @@ def test_evaluation_and_report(smoke):
 SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "cod"]  # the comparison: both tasks
 SEED2 = [f"{s}_seed2" for s in SYSTEMS]  # evaluation.synthesis_seeds: 2
 CROSS_ONLY = ["syncspeech_nopretrain", "syncspeech_causal", "cod_l1", "cod_l2", "syncspeech_q2", "delta_steps4",
-              "delta_mu1.0", "palle_dur0.7", "palle_dur1.0"]  # ablations and grids (training.grid_tasks)
+              "delta_mu1.0", "palle_dur0.7", "palle_dur1.0", "cod_ind", "cod_shared", "cod_units"]  # ablations, grids
 RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_l2", "cod_l1",
-        "syncspeech_nopretrain", "syncspeech_causal_pretrain", "syncspeech_causal", "syncspeech_q2"]
+        "syncspeech_nopretrain", "syncspeech_causal_pretrain", "syncspeech_causal", "syncspeech_q2",
+        "cod_ind", "cod_shared", "cod_units"]
 
 
 def test_paradigms_train_and_speak_every_item(smoke):
@@ -103,6 +105,10 @@ def test_paradigms_train_and_speak_every_item(smoke):
     assert "initialised from data/smoke/runs/palle_stage1/best.pt" in (smoke / "logs/smoke/train_palle.log").read_text()
     causal = (smoke / "data/smoke/runs/syncspeech_causal/config.yaml").read_text()
     assert "attention: causal" in causal and "syncspeech_causal_pretrain" in causal
+    for run, kind in (("cod_ind", "independent"), ("cod_shared", "shared"), ("cod_units", "units")):  # CoD Table V
+        config = (smoke / f"data/smoke/runs/{run}/config.yaml").read_text()
+        assert f"coarse_tokenizer: data/smoke/codec/coarse_{kind}" in config and f"cod_{kind}_train.pt" in config
+        assert json.loads((smoke / f"data/smoke/codec/coarse_{kind}/config.json").read_text())["kind"] == kind
     q2 = (smoke / "data/smoke/runs/syncspeech_q2/config.yaml").read_text()
     assert "q: 2" in q2 and "syncspeech_pretrain" in q2  # a training-time grid value: its own fine-tuning run
     for system in SYSTEMS + SEED2 + CROSS_ONLY:

@@ -41,6 +41,14 @@ RUNS = {
     "cod_l1": {"config": "cod_l1", "stack": True, "features": True,
                "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
 }
+# chain_of_details.txt Table V: CoD whose coarse levels are tokens of another kind
+# (arnar.codec.coarse; `features` names the kind, built by the coarse_tokens rule)
+COARSE_KINDS = {"cod_ind": ("independent", "cod"), "cod_shared": ("shared", "cod"), "cod_units": ("units", "cod_l2")}
+for _run, (_kind, _config) in COARSE_KINDS.items():
+    RUNS[_run] = {"config": _config, "stack": True, "features": _kind,
+                  "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json",
+                              "coarse_tokenizer": f"{{data}}/codec/coarse_{_kind}"}}
+COARSE_LEVELS = {kind: 2 if config == "cod_l2" else 3 for kind, config in COARSE_KINDS.values()}
 # paradigm named in params.yaml -> evaluated systems: system -> (run, decoding options)
 SYSTEMS_OF = {
     "ar": {"ar": ("ar", {})},
@@ -59,12 +67,15 @@ ABLATIONS = {
     # the grid delta_mu: [1.0])
     "delta_table5": ("delta", {"delta_noconv": ("delta_noconv", {}), "delta_lora_budget": ("delta_lora_budget", {}),
                                "delta_noprompt": ("delta_noprompt", {})}),
+    # chain_of_details.txt Table V: coarse token types (the offline codec's; needs token_set offline)
+    "cod_table5": ("cod", {run: (run, {}) for run in COARSE_KINDS}),
 }
 # run -> the run whose per-profile overrides (training.overrides) it shares: variants and grid values
 RUN_BASE = {}
 for _variant in ("delta_noconv", "delta_lora_budget", "delta_noprompt"):
     RUNS[_variant] = {**RUNS["delta"], "config": _variant}
     RUN_BASE[_variant] = "delta"
+RUN_BASE.update({run: "cod" for run in COARSE_KINDS})
 
 
 def check_paradigm_listed(what, paradigm):
@@ -86,6 +97,9 @@ SYSTEM_TASKS = {}  # systems evaluated on only some tasks (grids); the rest: eve
 for _ablation in TRAIN["ablations"]:
     _paradigm, _systems = ABLATIONS[_ablation]
     check_paradigm_listed(f"training.ablations lists {_ablation!r}, which", _paradigm)
+    if _ablation == "cod_table5" and TRAIN["token_set"] != "offline":
+        raise WorkflowError(f"params.yaml: training.ablations lists 'cod_table5', whose coarse tokens are made from "
+                            f"the offline codec's latents (arnar.codec.coarse); token_set is {TRAIN['token_set']!r}")
     PARADIGM_SYSTEMS.update(_systems)
     SYSTEM_TASKS.update({_system: TRAIN["grid_tasks"] for _system in _systems})
 
@@ -167,7 +181,12 @@ def run_durations(run, split):
 
 
 def run_features(run, split):
-    return [f"{DATA}/features/cod_{split}.pt"] if RUNS[run].get("features") else []
+    """The CoD features of a run: phonemes and speaker (`features: True`), plus coarse tokens of
+    a kind (`features: <kind>`, Table V)."""
+    kind = RUNS[run].get("features")
+    if not kind:
+        return []
+    return [f"{DATA}/features/cod_{split}.pt" if kind is True else f"{DATA}/features/cod_{kind}_{split}.pt"]
 
 
 def run_inputs(wildcards):

@@ -24,6 +24,32 @@ rule cod_features:
         "arnar cod-features --cuts {input.cuts} --phonemes {input.phonemes} --out {output.features} 2> {log}"
 
 
+rule coarse_tokens:
+    """CoD Table V: coarse tokens of another kind, fitted on train, added to both splits' features."""
+    input:
+        codec=f"{DATA}/codec/offline",
+        cuts=[f"{DATA}/manifests/{split}_cuts.jsonl" for split in ("train", "dev")],
+        features=[f"{DATA}/features/cod_{split}.pt" for split in ("train", "dev")],
+    output:
+        tokenizer=directory(f"{DATA}/codec/coarse_{{kind}}"),
+        features=[f"{DATA}/features/cod_{{kind}}_{split}.pt" for split in ("train", "dev")],
+    params:
+        levels=lambda wildcards: COARSE_LEVELS[wildcards.kind],
+        seed=P["seed"],
+    wildcard_constraints:
+        kind="|".join(COARSE_LEVELS),
+    threads: 2
+    log:
+        f"{LOGS}/coarse_tokens_{{kind}}.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar coarse-tokens --kind {wildcards.kind} --levels {params.levels} --codec-model {input.codec}"
+        " --split {input.cuts[0]} {input.features[0]} {output.features[0]}"
+        " --split {input.cuts[1]} {input.features[1]} {output.features[1]}"
+        " --out {output.tokenizer} --seed {params.seed} --no-progress 2> {log}"
+
+
 rule train:
     """Train one run (resumes from data/<profile>/runs/<run>/checkpoints/last.pt)."""
     input:
