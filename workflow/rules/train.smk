@@ -65,7 +65,7 @@ rule train:
         dev_tokens=lambda wildcards, input: os.path.dirname(input.dev_tokens),
     wildcard_constraints:
         run="|".join(ALL_RUNS) or "none",
-    threads: 2
+    threads: TRAIN["threads"]
     resources:
         gpu=0,  # GPUs of the job (the SLURM profile sets it); above 1, torchrun starts a rank per GPU
     log:
