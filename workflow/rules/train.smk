@@ -39,6 +39,7 @@ rule coarse_tokens:
     wildcard_constraints:
         kind="|".join(COARSE_LEVELS),
     threads: 2
+    priority: 1  # as train: the training chains are the DAG's long paths
     log:
         f"{LOGS}/coarse_tokens_{{kind}}.log",
     conda:
@@ -66,6 +67,10 @@ rule train:
     wildcard_constraints:
         run="|".join(ALL_RUNS) or "none",
     threads: TRAIN["threads"]
+    # Runs first, synthesis and evaluation in between: the chains of runs (pre-training ->
+    # fine-tuning -> grid runs, features -> coarse tokens -> runs) are the DAG's long paths, and
+    # started last they leave a core idle at the end (mini: 5 minutes of one core)
+    priority: 1
     resources:
         gpu=0,  # GPUs of the job (the SLURM profile sets it); above 1, torchrun starts a rank per GPU
     log:
