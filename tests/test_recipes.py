@@ -478,6 +478,7 @@ NOT_IN_LIBRITTS_DAG = {
     "train_codec": "trains the offline codec; libritts tokenizes with the pretrained S3 and DAC",
     "align": "the pocketsphinx/oracle aligners; libritts aligns with MFA (align_mfa)",
     "alignment_accuracy": "scores an aligner against synth's own timings (libritts: score_splits: [])",
+    "coarse_tokens": "CoD Table V's coarse tokens come from the offline codec; libritts models S3/DAC tokens",
 }
 
 
