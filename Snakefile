@@ -3,6 +3,8 @@
 #   snakemake --cores all                          # the embedded default profile (mini)
 #   snakemake --cores all --config profile=smoke   # the seconds-to-minutes test profile
 #   snakemake --cores all data                     # one phase only (see the targets below)
+#   snakemake --cores 1 freeze_testlists --config profile=exp  # a new profile's test lists
+#                                                  # (commit them; only the evaluation needs them)
 #
 # params.yaml is the config; it is validated against workflow/schemas/params.schema.yaml and
 # its profile preset merged in by arnar.config (the same code the Python CLIs use).
@@ -26,6 +28,8 @@ PROFILE = P["profile"]
 DATA = f"data/{PROFILE}"
 RESULTS = f"results/{PROFILE}"
 LOGS = f"logs/{PROFILE}"
+# The text units the single-stream paradigms read (params.yaml text.units): BPE pieces or phonemes
+TEXT_UNITS = f"{DATA}/tokenizers/" + {"bpe": "bpe.model", "phonemes": "phonemes.json"}[P["text"]["units"]]
 
 
 include: "workflow/rules/common.smk"

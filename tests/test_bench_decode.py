@@ -64,11 +64,14 @@ def test_forward_passes_match_each_paradigms_theory(run):
         assert rows["nar", s]["passes"] == DECODING["nar"]["steps"]
         # SyncSpeech: one pass for the first duration, one per text token
         assert rows["syncspeech", s]["passes"] == L + 1
-        # PALLE: stage one's steps (T >= steps: each pass commits >= 1 frame) + stage two's refinements
-        # (each re-masks floor(0.05 (T - 1)) + 1 frames, never the same one twice: they fit in T)
+        # PALLE (Eq. 14): stage one commits k' = floor((T_prompt + T) / steps) frames a pass, so
+        # ceil(T / k') passes; stage two (Eqs. 15-16) scores the sequence and re-predicts the
+        # least confident floor(0.05 (T - 1)) + 1 frames, two passes a step, never the same frame
+        # twice (they fit in T)
         steps, refine = DECODING["palle"]["steps"], DECODING["palle"]["refine_steps"]
-        assert T >= steps and refine * (math.floor(0.05 * (T - 1)) + 1) <= T
-        assert rows["palle", s]["passes"] == steps + refine
+        k = max(1, (T + round(25 * ds.PROMPT_SECONDS)) // steps)
+        assert refine * (math.floor(0.05 * (T - 1)) + 1) <= T
+        assert rows["palle", s]["passes"] == math.ceil(T / k) + 2 * refine
         # DELTA: one pass per step when the first step of the shifted schedule (mu = 0.3, Eq. 3)
         # already commits a token: floor(c_1 T) >= 1
         steps = DECODING["delta"]["steps"]

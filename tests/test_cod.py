@@ -1,7 +1,7 @@
 """Chain-of-Details: level sampling, conditioning corruption and dropout rates, the CFG null-condition
-path, guidance/noise schedules against hand-worked values, level lengths (T not divisible by 4),
-the forward-pass count, the loss contract, the features builder on the smoke data, and the DAC path
-on a small random-initialised DAC."""
+path, the guidance (both forms) and noise that ``generate`` applies at each step against hand-worked
+logits, level lengths (T not divisible by 4), the forward-pass count, the loss contract (hand-worked),
+the features builder on data the test writes, and the DAC path on a small random-initialised DAC."""
 
 from __future__ import annotations
 
@@ -18,19 +18,18 @@ from omegaconf import OmegaConf
 from arnar.codec.hierarchy import level_lengths, levels as decimated_levels, upsample
 from arnar.paradigms import build_paradigm
 from arnar.paradigms.base import IGNORE, MASK, PAD, SynthesisRequest, Utterance, Vocab, collate, token_cross_entropy
+import arnar.paradigms.cod as cod_module
 from arnar.paradigms.cod import (
     DECODING,
     corrupt,
     default_level_probs,
     guided_logits,
-    linear_schedule,
     sample_level,
     trim_prompt,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "src" / "arnar" / "conf" / "paradigm"
-SMOKE = ROOT / "data" / "smoke"
 TINY = {"dim": 32, "n_layers": 2, "n_heads": 2, "dropout": 0.0}
 VOCAB = Vocab(text_size=10, speech_size=12)  # speech ids 18..29
 SMALL = {"speaker_dim": 8, "n_phonemes": 16, "duration_dim": 16, "duration_layers": 1, "duration_heads": 2}
@@ -100,33 +99,143 @@ def test_level_probabilities_default_and_checked():
         model(level=3)
 
 
-def test_backbone_gets_adaln_for_the_speaker():
+def test_speaker_reaches_the_backbone_adaln():
+    # cond_dim 0 in the model config -> dim (32). Wire a path where only the speaker can act: the
+    # projection copies the 8 speaker values into cond[:8], the final adaLN has scale -1 (so the
+    # normalised hidden state is multiplied by 0) and shift = silu(cond), and the head reads
+    # shift[j] into speech code j. Every position's logits are then silu of the speaker, by hand:
+    # silu(1) = 0.7311, silu(-1) = -0.2689, silu(2) = 1.7616, silu(0) = 0
     m = model()
-    assert m.model_config.cond_dim == TINY["dim"]  # cond_dim 0 in the model config -> dim
-    assert m.backbone.layers[0].modulation is not None
-    assert model_with_cond(24).model_config.cond_dim == 24
+    assert m.model_config.cond_dim == TINY["dim"] and model_with_cond(24).model_config.cond_dim == 24
+    final = m.backbone.final_modulation  # [2 * dim] = shift then scale
+    with torch.no_grad():
+        m.speaker_proj.weight.zero_()
+        m.speaker_proj.bias.zero_()
+        m.speaker_proj.weight[:8, :8] = torch.eye(8)
+        final.weight.zero_()
+        final.bias.zero_()
+        final.weight[:32, :32] = torch.eye(32)
+        final.bias[32:] = -1.0
+        m.head.weight.zero_()
+        m.head.weight[VOCAB.speech_offset:VOCAB.speech_offset + 8, :8] = torch.eye(8)
+    speaker = torch.tensor([[1.0, -1.0, 2.0, 0.0, 1.0, -1.0, 2.0, 0.0]])
+    ids = torch.tensor([[PAD, PAD, MASK, MASK]])
+    with torch.no_grad():
+        logits = m.level_logits(ids, torch.arange(4), torch.tensor([[3, 4, 0, 0]]),
+                                torch.zeros(1, 4, dtype=torch.long), torch.tensor([1]), torch.tensor([False]), speaker)
+    silu = [0.7311, -0.2689, 1.7616, 0.0] * 2
+    for position in range(4):
+        speech = logits[0, position, VOCAB.speech_offset:]
+        assert speech[:8].tolist() == pytest.approx(silu, abs=1e-4)
+        assert speech[8:].abs().max() == 0
 
 
 def model_with_cond(cond_dim):
     return build_paradigm("cod", VOCAB, {**TINY, "cond_dim": cond_dim}, **SMALL)
 
 
-def test_guidance_and_noise_schedules_hand_worked():
-    assert linear_schedule(3.0, 0.75, 4) == pytest.approx([3.0, 2.25, 1.5, 0.75])
-    assert linear_schedule(3.0, 0.0, 4) == pytest.approx([3.0, 2.0, 1.0, 0.0])
-    assert linear_schedule(3.0, 0.75, 20)[0] == 3.0 and linear_schedule(3.0, 0.75, 20)[-1] == pytest.approx(0.75)
-    assert linear_schedule(3.0, 0.75, 1) == [3.0]
-    # the paper's inference settings (IV-B) are the defaults
-    assert (DECODING["steps"], DECODING["guidance_start"], DECODING["guidance_end"]) == (20, 3.0, 0.75)
-    assert (DECODING["noise_start"], DECODING["noise_end"]) == (3.0, 0.0)
-
-
 def test_guided_logits_hand_checked():
     cond, uncond = torch.tensor([1.0, 2.0, -1.0]), torch.tensor([0.0, 4.0, -1.0])
-    # c + w (c - u), w = 3: [1 + 3, 2 - 6, -1 + 0]
+    # extrapolate, c + w (c - u), w = 3: [1 + 3, 2 - 6, -1 + 0]; w = 0 is c
     assert guided_logits(cond, uncond, 3.0).tolist() == [4.0, -4.0, -1.0]
     assert guided_logits(cond, uncond, 0.0).tolist() == cond.tolist()
     assert guided_logits(cond, uncond, 0.75).tolist() == [1.75, 0.5, -1.0]
+    # interpolate, u + w (c - u), w = 3: [0 + 3, 4 - 6, -1 + 0]; w = 1 is c, w = 0 is u
+    assert guided_logits(cond, uncond, 3.0, "interpolate").tolist() == [3.0, -2.0, -1.0]
+    assert guided_logits(cond, uncond, 1.0, "interpolate").tolist() == cond.tolist()
+    assert guided_logits(cond, uncond, 0.0, "interpolate").tolist() == uncond.tolist()
+    assert guided_logits(cond, uncond, 0.75, "interpolate").tolist() == [0.75, 2.5, -1.0]
+    with pytest.raises(ValueError, match="guidance_form"):
+        guided_logits(cond, uncond, 1.0, "paper")
+
+
+# conditional / unconditional logits of the scripted decoder over the 12 speech codes (rest 0)
+COND, UNCOND = [1.0, 2.0, -1.0], [0.0, 4.0, -1.0]
+# guided by the paper's schedule over 4 steps, w = 3, 2.25, 1.5, 0.75:
+GUIDED = {"extrapolate": [[4.0, -4.0, -1.0], [3.25, -2.5, -1.0], [2.5, -1.0, -1.0], [1.75, 0.5, -1.0]],  # [1 + w, 2 - 2w, -1]
+          "interpolate": [[3.0, -2.0, -1.0], [2.25, -0.5, -1.0], [1.5, 1.0, -1.0], [0.75, 2.5, -1.0]]}  # [w, 4 - 2w, -1]
+
+
+def scripted_decoder(paradigm):
+    """Replace the decoder by a script: row 0 of every pass (the conditional input) gives COND at
+    every speech position, row 1 (the null condition) UNCOND. Returns the passes' ``drop`` rows."""
+    drops = []
+
+    def level_logits(input_ids, **kwargs):
+        paradigm.backbone_calls += 1
+        drops.append(kwargs["drop"].tolist())
+        logits = torch.zeros(*input_ids.shape, VOCAB.size)
+        for row, values in enumerate((COND, UNCOND)[:len(input_ids)]):
+            logits[row, :, VOCAB.speech_offset:VOCAB.speech_offset + 3] = torch.tensor(values)
+        return logits
+
+    paradigm.level_logits = level_logits
+    return drops
+
+
+def record_sampled_logits(monkeypatch):
+    """Every step's logits as ``generate`` hands them to the sampler (guided, noised); greedy, and
+    no draw from the generator, so the only draws are the noise's."""
+    seen = []
+
+    def greedy(logits, generator, **kwargs):
+        seen.append(logits.clone())
+        ids = logits.argmax(-1)
+        return ids, logits.softmax(-1).gather(-1, ids[:, None]).squeeze(-1)
+
+    monkeypatch.setattr(cod_module, "sample_tokens", greedy)
+    return seen
+
+
+def one_level_model():
+    return model(levels=1, level_probs=[1.0], speech_prompt=False)
+
+
+@pytest.mark.parametrize("form", ["extrapolate", "interpolate"])
+def test_generate_applies_the_guidance_form_and_weight_of_each_step(monkeypatch, form):
+    m = one_level_model()
+    drops = scripted_decoder(m)
+    seen = record_sampled_logits(monkeypatch)
+    options = {} if form == DECODING["guidance_form"] else {"guidance_form": form}  # the default is extrapolate
+    gen = m.generate(request(target_frames=4), torch.Generator(), steps=4, noise_start=0.0, **options)
+    assert drops == [[False, True]] * 4 and gen.forward_passes == 4 and gen.info["guidance_form"] == form
+    assert len(seen) == 4
+    for step, logits in enumerate(seen):
+        assert logits.shape == (4, 12)  # the 4 target frames, speech codes only
+        assert logits[:, :3].tolist() == [GUIDED[form][step]] * 4, step
+        assert logits[:, 3:].abs().max() == 0
+    # at the last weight the forms pick different codes: 0 (1.75) extrapolating, 1 (2.5) interpolating
+    # (one frame a step: masks_per_step(4, 4) = 3, 2, 1, 0; the frame that waits is a tie)
+    assert sorted(gen.speech.tolist()) == ([0] * 4 if form == "extrapolate" else [0, 0, 0, 1])
+
+
+def test_generate_adds_the_noise_of_each_step(monkeypatch):
+    # variance 3, 2, 1, 0 over 4 steps (the defaults, 3 -> 0): step s adds sqrt(var_s) N(0, 1) drawn
+    # from the caller's generator, nothing at the last step; replay the draws from the same seed
+    m = one_level_model()
+    scripted_decoder(m)
+    seen = record_sampled_logits(monkeypatch)
+    m.generate(request(target_frames=4), torch.Generator().manual_seed(5), steps=4)
+    replay = torch.Generator().manual_seed(5)
+    for step, variance in enumerate([3.0, 2.0, 1.0, 0.0]):
+        clean = torch.zeros(4, 12)
+        clean[:, :3] = torch.tensor(GUIDED["extrapolate"][step])
+        noise = torch.randn(4, 12, generator=replay) if variance else torch.zeros(4, 12)
+        torch.testing.assert_close(seen[step], clean + math.sqrt(variance) * noise)
+
+
+@pytest.mark.parametrize("form,weight", [("extrapolate", 0.0), ("interpolate", 1.0)])
+def test_guidance_at_the_neutral_weight_runs_the_conditional_model_alone(monkeypatch, form, weight):
+    # w = 0 extrapolating and w = 1 interpolating are the conditional logits: no unconditional row
+    m = one_level_model()
+    drops = scripted_decoder(m)
+    seen = record_sampled_logits(monkeypatch)
+    m.generate(request(target_frames=4), torch.Generator(), steps=2, noise_start=0.0, guidance_form=form,
+               guidance_start=weight, guidance_end=weight)
+    assert drops == [[False]] * 2
+    assert [logits[:, :3].tolist() for logits in seen] == [[COND] * 4] * 2
+    with pytest.raises(ValueError, match="guidance_form"):
+        m.generate(request(target_frames=4), torch.Generator(), guidance_form="paper")
 
 
 # ----------------------------------------------------------------------------- training examples
@@ -264,21 +373,24 @@ def test_null_embeddings_get_gradients_from_dropped_examples():
 # ----------------------------------------------------------------------------- loss contract
 
 def test_forward_sums_ce_and_token_weighted_duration_error():
+    # a zero head gives uniform logits: CE = log 30 (the shared vocabulary) per masked token; the
+    # fresh duration predictor says one frame per phoneme (log 5 for 5 phonemes), so an utterance
+    # of T frames is off by |log 5 - log T|: log(23 / 5) = 1.52606, log(40 / 5) = 2.07944. Each
+    # utterance's error counts once per masked token of it (n_b, read off the targets):
+    # loss_sum = sum_b n_b (log 30 + 0.5 |log 5 - log T_b|), n_targets = sum_b n_b
     m = model(duration_weight=0.5)
-    batch = collate(examples(m, 5))
-    speaker = batch.extras["speaker"].reshape(5, -1)
+    with torch.no_grad():
+        m.head.weight.zero_()
+    short, long = utterance(T=23, P=5, seed=0), utterance(T=40, P=5, seed=1)
+    batch = collate(examples(m, 3, short) + examples(m, 2, long, seed=1))
+    n = (batch.targets != IGNORE).sum(1).tolist()
+    errors = [1.52606] * 3 + [2.07944] * 2
     with torch.no_grad():
         out = m(batch)
-        logits = m.level_logits(batch.input_ids, batch.position_ids, batch.extras["phonemes"],
-                                batch.extras["previous"], batch.extras["level"], batch.extras["drop"], speaker,
-                                batch.attention_mask)
-        predicted = m.duration(batch.extras["phonemes"][:, :5] - 1, torch.full((5,), 5), speaker)
-    ce = token_cross_entropy(logits, batch.targets)
-    error = (predicted - math.log(23)).abs()
-    per_sequence = (batch.targets != IGNORE).sum(1).float()
-    assert int(out.n_targets) == batch.n_targets
-    assert float(out.loss_sum) == pytest.approx(float(ce.loss_sum + 0.5 * (error * per_sequence).sum()), rel=1e-5)
-    assert float(out.metrics["duration_abs_log_error"]) == pytest.approx(float((error * per_sequence).sum()), rel=1e-5)
+    assert int(out.n_targets) == sum(n)
+    assert float(out.loss_sum) == pytest.approx(sum(n_b * (3.40120 + 0.5 * e) for n_b, e in zip(n, errors)), rel=1e-5)
+    assert float(out.metrics["duration_abs_log_error"]) == pytest.approx(sum(n_b * e for n_b, e in zip(n, errors)),
+                                                                         rel=1e-5)
 
 
 def test_fresh_duration_predictor_says_one_frame_per_phoneme():
@@ -313,7 +425,11 @@ def test_generation_levels_lengths_prompt_and_forward_passes():
         n_prompt = len(prompt_levels[level - 1])
         prompt_ids = VOCAB.speech(torch.from_numpy(prompt_levels[level - 1]))
         assert rec["input_ids"][0, P:P + n_prompt].tolist() == prompt_ids.tolist()
-        # every target token starts masked at a level's first step, none is masked after its last
+        # every target token starts masked at a level's first step; then the cosine schedule's
+        # count stays masked, floor(n cos(pi s / 8)) after step s: 6 -> 5, 4, 2; 12 -> 11, 8, 4;
+        # 23 -> 21, 16, 8 (and 0 after the last step: the next level's previous, below)
+        masked = int((rec["input_ids"][0, P + n_prompt:] == MASK).sum())
+        assert masked == [6, 5, 4, 2, 12, 11, 8, 4, 23, 21, 16, 8][i], i
         if i % 4 == 0:
             assert bool((rec["input_ids"][0, P + n_prompt:] == MASK).all())
     # level 1 has no previous level; the prompt part of level l+1's previous level is the decimated
@@ -502,48 +618,79 @@ def test_paradigm_configs_build(name, levels):
     assert m.n_levels == levels and m.speaker_dim == 256
 
 
-# ----------------------------------------------------------------------------- features on smoke data
+# ----------------------------------------------------------------------------- the features builder
 
-needs_smoke = pytest.mark.skipif(not (SMOKE / "manifests" / "dev_cuts.jsonl").is_file()
-                                 or not (SMOKE / "tokens" / "offline_rvq" / "dev").is_dir(),
-                                 reason="needs the smoke data (data/smoke: manifests, tokenizers, offline_rvq tokens)")
+def test_features_builder_on_written_data(tmp_path, monkeypatch):
+    """``build_features`` on a cut manifest the test writes: phoneme ids of each cut's text by hand,
+    the speaker encoder fed exactly the cut's samples (offset within its recording, channels
+    averaged), a text without phonemes left out, and the engine's loader joining the table with
+    token shards into CoD training examples."""
+    import soundfile as sf
 
-
-@needs_smoke
-def test_features_builder_on_smoke_data(tmp_path, monkeypatch):
-    from lhotse import load_manifest
-
-    from arnar.codec.shards import read_token_shards
+    from arnar.codec.shards import write_token_shards
     from arnar.data.cod_features import build_features, main
     from arnar.data.tts import load_utterances, read_features
-    from arnar.text.phonemes import PhonemeTokenizer
 
-    monkeypatch.chdir(ROOT)  # the manifests name audio relative to the repository root
-    cuts = SMOKE / "manifests" / "dev_cuts.jsonl"
-    phonemes = SMOKE / "tokenizers" / "phonemes.json"
+    rate = 16000
+    ramp = (np.arange(rate) / (2 * rate)).astype(np.float32)  # 1 s, sample i = i / 32000
+    sf.write(tmp_path / "r1.wav", ramp, rate, subtype="FLOAT")
+    stereo = np.stack([ramp[:9600], 3 * ramp[:9600]], axis=1)  # 0.6 s, two channels: mean 2 x ramp
+    sf.write(tmp_path / "r2.wav", stereo, rate, subtype="FLOAT")
+
+    def cut(utt, recording, start, duration, text, channels=(0,)):
+        info = sf.info(str(tmp_path / f"{recording}.wav"))
+        return {"id": utt, "start": start, "duration": duration, "channel": 0, "type": "MonoCut",
+                "supervisions": [{"id": utt, "recording_id": recording, "start": 0.0, "duration": duration,
+                                  "channel": 0, "text": text, "speaker": "spk"}],
+                "recording": {"id": recording, "sources": [{"type": "file", "channels": list(channels),
+                                                           "source": str(tmp_path / f"{recording}.wav")}],
+                              "sampling_rate": rate, "num_samples": info.frames, "duration": info.duration,
+                              "channel_ids": list(channels)}}
+
+    cuts = tmp_path / "cuts.jsonl"
+    cuts.write_text("".join(json.dumps(c) + "\n" for c in [
+        cut("u1", "r1", 0.25, 0.5, "A plan."),  # samples 4000 .. 11999 of r1
+        cut("u2", "r2", 0.0, 0.6, "Bob", channels=(0, 1)),
+        cut("u3", "r1", 0.0, 1.0, "..."),  # no phonemes: left out
+    ]))
+
+    class RecordingEncoder:  # the builder's plumbing is the point; resemblyzer is tested in test_similarity
+        name, dim = "recording", 8
+
+        def embed(self, audio, sample_rate):
+            (a,) = audio
+            return np.array([[len(a), a[0], a[-1], sample_rate / 1000, 0, 0, 0, 0]], dtype=np.float32)
+
+    monkeypatch.setattr("arnar.evaluate.similarity.load_speaker_encoder", lambda name, model=None: RecordingEncoder())
     out = tmp_path / "cod_dev.pt"
-    summary = build_features(cuts, out, phonemes=phonemes, progress=False)
+    summary = build_features(cuts, out, progress=False)
+    assert summary == {"utterances": 2, "left_out": ["u3"], "phoneme_vocab_size": 43, "speaker_dim": 8,
+                       "speaker_encoder": "recording"}
     table = read_features(out)
-    texts = {c.id: c.supervisions[0].text for c in load_manifest(cuts)}
-    assert sorted(table) == sorted(texts) and summary["utterances"] == len(texts)
-    tokenizer = PhonemeTokenizer.load(phonemes)
-    for utt_id, row in table.items():
-        assert row["phonemes"].dtype == torch.long and row["phonemes"].tolist() == tokenizer.encode(texts[utt_id])
-        assert row["speaker"].shape == (256,) and float(row["speaker"].norm()) == pytest.approx(1.0, abs=1e-4)
-    assert summary["phoneme_vocab_size"] == 43 and summary["speaker_dim"] == 256
+    assert sorted(table) == ["u1", "u2"]
+    # default inventory: 4 specials (<pad> <unk> <sil> |) then ARPAbet AA AE AH ... (AA = 4):
+    # "A plan." = AH | P L AE N, "Bob" = B AA B
+    assert table["u1"]["phonemes"].tolist() == [6, 3, 30, 24, 5, 26]
+    assert table["u2"]["phonemes"].tolist() == [10, 4, 10] and table["u2"]["phonemes"].dtype == torch.long
+    assert table["u1"]["speaker"].tolist() == pytest.approx([8000, 4000 / 32000, 11999 / 32000, 16, 0, 0, 0, 0])
+    assert table["u2"]["speaker"].tolist() == pytest.approx([9600, 0.0, 2 * 9599 / 32000, 16, 0, 0, 0, 0])
 
-    # the engine's loader joins them with real offline_rvq tokens (durations at the tokens' 50 Hz)
-    tokens_dir = SMOKE / "tokens" / "offline_rvq" / "dev"
-    codes = read_token_shards(tokens_dir)
+    # the engine's loader joins the table with token shards (u3 has tokens but no features: skipped)
+    codec = {"name": "offline_rvq", "config_hash": "test", "frame_rate": 50.0, "n_codebooks": 1,
+             "codebook_size": 12, "sample_rate": rate}
+    codes = {"u1": np.arange(25)[None] % 12, "u2": np.arange(30)[None] % 12, "u3": np.arange(50)[None] % 12}
+    tokens_dir = write_token_shards(tmp_path / "tokens", "dev", codes, codec)
     durations = tmp_path / "dev.jsonl"
-    durations.write_text("".join(json.dumps({"utt_id": u, "frame_rate": 50.0, "num_frames": int(c.shape[1]),
-                                             "bpe_ids": [1], "ends": [int(c.shape[1])]}) + "\n"
-                                 for u, c in codes.items()))
-    utterances = load_utterances(tokens_dir, durations, features=out)
-    assert utterances and all(set(u.features) == {"phonemes", "speaker"} for u in utterances)
-    speech_size = int(json.loads((tokens_dir / "manifest.json").read_text())["codec"]["codebook_size"])
-    m = build_paradigm("cod", Vocab(text_size=10, speech_size=speech_size), TINY, duration_dim=16, duration_layers=1)
-    batch = collate([m.training_example(u, torch.Generator().manual_seed(i)) for i, u in enumerate(utterances)])
+    durations.write_text("".join(json.dumps({"utt_id": u, "frame_rate": 50.0, "num_frames": c.shape[1],
+                                             "bpe_ids": [1], "ends": [c.shape[1]]}) + "\n" for u, c in codes.items()))
+    utterances = {u.utt_id: u for u in load_utterances(tokens_dir, durations, features=out)}
+    assert sorted(utterances) == ["u1", "u2"] and utterances["u1"].num_frames == 25
+    assert torch.equal(utterances["u1"].features["phonemes"], table["u1"]["phonemes"])
+    m = model(n_phonemes=64, level_probs=[0, 0, 1], speech_prompt=False)
+    example = m.training_example(utterances["u1"], torch.Generator().manual_seed(0))
+    assert example.extras["phonemes"][:6].tolist() == [7, 4, 31, 25, 6, 27]  # id + 1 on the prefix
+    assert example.extras["log_frames"].item() == pytest.approx(math.log(25))
+    batch = collate([m.training_example(u, torch.Generator().manual_seed(i)) for i, u in enumerate(utterances.values())])
     assert torch.isfinite(m(batch).loss_sum)
 
     # the CLI: a missing file is a one-line error naming it

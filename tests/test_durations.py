@@ -79,6 +79,35 @@ def test_with_a_real_bpe_tokenizer(tmp_path):
     assert result.ends[comma] == 30
 
 
+def test_phonemes_as_text_units_hand_worked():
+    """text.units=phonemes: "Hello, world." -> HH AH L OW <sil> W ER L D (CMUdict, stress dropped).
+    hello spoken 0.1-0.5 s, world 0.7-1.1 s, D = 1.2 s, T = 30 (25 frames per second).
+    hello owns [0, 17.5): 4 equal phone shares of 0-12.5 -> 3.125 6.25 9.375 12.5; the <sil>
+    separator is hello's last piece, no speech, the pause to 17.5. world owns [17.5, 30): 2.5 each
+    -> 20 22.5 25 27.5, its last phone takes the trailing silence -> 30. Rounded half up once each."""
+    from arnar.text import PhonemeTokenizer, load_text_tokenizer
+
+    tokenizer = PhonemeTokenizer()
+    words = [Interval("hello", 0.1, 0.5), Interval("world", 0.7, 1.1)]
+    result = bpe_durations("Hello, world.", words, duration=1.2, tokenizer=tokenizer, total_frames=30)
+    assert [tokenizer.id_to_piece(i) for i in result.ids] == ["HH", "AH", "L", "OW", "<sil>", "W", "ER", "L", "D"]
+    assert result.ends == [3, 6, 9, 13, 18, 20, 23, 25, 30]
+    # without punctuation the separator is "|" and holds the (here empty) pause the same way
+    plain = bpe_durations("hello world", [Interval("hello", 0.0, 0.4), Interval("world", 0.4, 0.8)],
+                          duration=0.8, tokenizer=tokenizer, total_frames=20)
+    assert tokenizer.id_to_piece(plain.ids[4]) == "|" and plain.ends == [3, 5, 8, 10, 10, 13, 15, 18, 20]
+
+
+def test_text_tokenizer_loader_picks_by_suffix(tmp_path):
+    from arnar.text import BpeTokenizer, PhonemeTokenizer, load_text_tokenizer
+    from arnar.text.bpe import train_bpe
+
+    PhonemeTokenizer().save(tmp_path / "phonemes.json")
+    assert isinstance(load_text_tokenizer(tmp_path / "phonemes.json"), PhonemeTokenizer)
+    train_bpe(["the cat sat on the mat", "a dog ran to the park"] * 20, tmp_path / "bpe", vocab_size=40)
+    assert isinstance(load_text_tokenizer(tmp_path / "bpe.model"), BpeTokenizer)
+
+
 def test_phone_durations_fill_gaps_with_silence():
     phones = [Interval("HH", 0.1, 0.2), Interval("AY", 0.2, 0.5)]
     assert phone_durations(phones, 1.0, 10) == [("<sil>", 1), ("HH", 1), ("AY", 3), ("<sil>", 5)]

@@ -140,6 +140,47 @@ def test_training_is_deterministic(corpus, trained, tmp_path):
     assert load_codec("offline", model=other).config_hash() != load_codec("offline", model=out).config_hash()
 
 
+def test_moonshine_front_end_is_recorded_and_checked(trained, corpus, tmp_path):
+    """The default front end is Moonshine's encoder: the config names its weights, and a codec
+    folder trained on other weights is refused rather than encoding with the wrong features."""
+    import shutil
+
+    from arnar.codec.moonshine_frontend import MoonshineFrontend
+
+    out, _ = trained
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["enc_frontend"] == "moonshine" and cfg["frontend_dim"] == 416
+    assert cfg["frontend_sha256"] == MoonshineFrontend().model_sha256
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    cfg["frontend_sha256"] = "0" * 64
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CodecError, match="retrain it"):
+        load_codec("offline", model=str(other))
+    load_codec("offline", model=str(other), stream="rvq")  # the RVQ stream does not use the front end
+
+
+def test_mel_front_end_still_trains(corpus, tmp_path):
+    cuts, align, wavs = corpus
+    report = train_offline_codec(cuts, align, tmp_path / "mel", seed=3, progress=False,
+                                 **{**TINY, "enc_frontend": "mel"})
+    assert report["parameters"]["encoder"] > 0
+    codec = load_codec("offline", model=str(tmp_path / "mel"))
+    clip = _clips(wavs, 1)[0]
+    assert codec.encode([clip], 16_000)[0].shape == (1, codec.n_frames(clip.size))
+    with pytest.raises(ValueError, match="enc_frontend"):
+        train_offline_codec(cuts, align, tmp_path / "x", seed=3, progress=False, enc_frontend="hubert")
+
+
+def test_training_steps_are_capped(corpus, tmp_path):
+    """enc_max_steps / dec_max_steps cap the updates, so cost stops growing with corpus hours."""
+    cuts, align, _ = corpus
+    report = train_offline_codec(cuts, align, tmp_path / "cap", seed=3, progress=False,
+                                 **{**TINY, "enc_epochs": 50.0, "dec_epochs": 50.0, "enc_max_steps": 3,
+                                    "dec_max_steps": 2})
+    assert report["steps"] == {"encoder": 3, "decoder": 2}
+
+
 def test_training_from_supervision_timings(corpus, tmp_path):
     cuts, _, _ = corpus
     report = train_offline_codec(cuts, None, tmp_path / "sup", seed=1, progress=False, **TINY)

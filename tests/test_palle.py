@@ -1,6 +1,7 @@
 """PALLE: training masks against palle.txt Eqs. 7-10 (hand-worked for T = 20), the fused two-stream
-network, the stage-one commit loop and stage-two refinement on tiny random models, the forward-pass
-count, stage freezing and the stage-1 -> stage-2 initialisation."""
+network, the stage-one step rule (Eq. 14, hand-worked for a 3 s prompt + 10 s target at 25 Hz),
+stage-two refinement (Eqs. 15-16) on scripted networks whose confidences are set by hand, the
+forward-pass count, stage freezing and the stage-1 -> stage-2 initialisation."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch import nn
 
 from arnar.paradigms import build_paradigm
 from arnar.paradigms.base import IGNORE, MASK, PAD, SynthesisRequest, Utterance, Vocab, collate
@@ -51,6 +53,31 @@ def stage_two_model(**options):
 def request(n_prompt=6, n_generate=None, prompt_text=(4, 5), text=(1, 2, 3)):
     return SynthesisRequest(torch.tensor(text), torch.tensor(prompt_text), torch.arange(n_prompt) % 12,
                             target_frames=n_generate)
+
+
+def scripted(network, scores):
+    """Turn ``network`` into a script: ``scores(speech_ids [S])`` gives one ``(code, strength)`` per
+    position, and the logits there are ``strength`` at that speech code and 0 at every other id, so
+    the confidence ``log P^max`` of Eq. 16 grows with ``strength`` (``log(e^s / (e^s + 11))`` over
+    the 12 speech codes). Passes are counted; every pass's speech input is kept (a copy)."""
+    seen = []
+
+    def hidden(speech_ids, *args):
+        network.passes += 1
+        seen.append(speech_ids[0].clone())
+        logits = torch.zeros(1, speech_ids.shape[1], VOCAB.size)
+        for j, (code, strength) in enumerate(scores(speech_ids[0])):
+            logits[0, j, VOCAB.speech_offset + code] = strength
+        return logits
+
+    network.hidden = hidden
+    network.head = nn.Linear(VOCAB.size, VOCAB.size, bias=False)
+    nn.init.eye_(network.head.weight)
+    return seen
+
+
+def masked_frames(inputs):
+    return (inputs == MASK).nonzero().flatten().tolist()
 
 
 def record_inputs(network):
@@ -151,30 +178,37 @@ def test_text_padding_and_fusion_shapes():
         model.logits(batch.input_ids, batch.position_ids)
 
 
-def test_text_stream_changes_the_prediction():
-    model = build_paradigm("palle", VOCAB, TINY).eval()
-    ids = torch.tensor([[18, 19, MASK, MASK]])
-    with torch.no_grad():
-        a = model.logits(ids, torch.arange(4)[None], text_ids=torch.tensor([[9, 10, PAD, PAD]]))
-        b = model.logits(ids, torch.arange(4)[None], text_ids=torch.tensor([[11, 12, PAD, PAD]]))
-    assert not torch.allclose(a, b)
-
-
 # ----------------------------------------------------------------------------- decoding schedules
 
-def test_stage_one_spans_even_and_literal():
-    for n, steps in [(150, 100), (100, 100), (237, 100), (12, 5), (7, 10)]:
-        spans = stage_one_spans(n, steps)
-        assert sum(spans) == n and len(spans) == min(n, steps)
-        assert min(spans) >= 1 and max(spans) - min(spans) <= 1
-    # literal Eq. 4: k' = floor(0.01 * 250) = 2 of the whole (prompt + target) length
-    assert stage_one_spans(75, 100, r=0.01, total_frames=250) == [2] * 37 + [1]
-    # k' = floor(0.01 * 150) = 1: the 100th pass commits what 99 passes of one frame left
-    spans = stage_one_spans(150, 100, r=0.01, total_frames=150)
-    assert len(spans) == 100 and spans[:99] == [1] * 99 and spans[-1] == 51
-    assert stage_one_spans(5, 100, r=0.01, total_frames=50) == [1] * 5  # k' at least one frame
-    with pytest.raises(ValueError):
-        stage_one_spans(10, 5, r=1.5)
+def test_stage_one_spans_fixed_ratio_hand_worked():
+    # Eq. 14 / 5.1: k' = min(floor(0.01 T), N_left), T = prompt + target. A 3 s prompt and a 10 s
+    # target at 25 Hz: T = 75 + 250 = 325, k' = floor(3.25) = 3; 83 passes of 3 frames make 249,
+    # the 84th commits the one left: 84 passes, not 100
+    assert stage_one_spans(250, 100, 325) == [3] * 83 + [1]
+    # the ratio is 1 / steps (Fig. 4 varies the steps): at 25 steps k' = floor(325 / 25) = 13,
+    # 250 = 19 * 13 + 3 -> 20 passes
+    assert stage_one_spans(250, 25, 325) == [13] * 19 + [3]
+    # floor can round away more than the prompt covers: T = 199 after a 60-frame prompt gives
+    # k' = floor(1.99) = 1, so the 139 target frames take 139 passes, more than 100
+    assert stage_one_spans(139, 100, 199) == [1] * 139
+    # k' is at least one frame: T = 50 < 100 steps
+    assert stage_one_spans(5, 100, 50) == [1] * 5
+    # an explicit r' overrides 1 / steps: floor(0.02 * 325) = 6, 250 = 41 * 6 + 4
+    assert stage_one_spans(250, 100, 325, r=0.02) == [6] * 41 + [4]
+    assert stage_one_spans(0, 100, 75) == []
+    with pytest.raises(ValueError, match="r must be in"):
+        stage_one_spans(10, 5, 20, r=1.5)
+    with pytest.raises(ValueError, match="stage_one_rule"):
+        stage_one_spans(10, 5, 20, rule="uniform")
+
+
+def test_stage_one_spans_even_split_option():
+    # the project's earlier rule: the target split evenly over exactly `steps` passes
+    assert stage_one_spans(250, 100, 325, rule="even_split") == [2, 3] * 50  # 250 / 100 = 2.5 a pass
+    assert stage_one_spans(23, 5, rule="even_split") == [4, 5, 4, 5, 5]  # floor(23 i / 5) steps
+    assert stage_one_spans(7, 10, rule="even_split") == [1] * 7  # fewer frames than steps
+    with pytest.raises(ValueError, match="even_split"):
+        stage_one_spans(10, 5, 20, rule="even_split", r=0.1)
 
 
 def test_quantile_count_is_the_number_at_or_below_the_quantile():
@@ -202,7 +236,7 @@ def test_stage_one_commits_left_to_right_and_never_changes_committed_or_prompt()
     out = model.generate(req, torch.Generator().manual_seed(0), steps=5, top_p=1.0)
     prompt = VOCAB.speech(req.prompt_speech)
     final = torch.cat([prompt, VOCAB.speech(out.speech)])
-    spans = stage_one_spans(23, 5)
+    spans = [5, 5, 5, 5, 3]  # T = 6 + 23 = 29, k' = floor(29 / 5) = 5
     assert len(seen) == 5 and len(out.speech) == 23
     committed = 6
     for inputs, span in zip(seen, spans):
@@ -215,61 +249,118 @@ def test_stage_one_commits_left_to_right_and_never_changes_committed_or_prompt()
     assert out.forward_passes == 5 and out.info["stage_one_passes"] == 5 and out.info["refine_passes"] == 0
 
 
-def test_refinement_remasks_lowest_quantile_and_never_a_pinned_frame():
+@pytest.mark.parametrize("rule,passes,span", [("fixed_ratio", 84, 3), ("even_split", 100, None)])
+def test_stage_one_passes_for_a_10_s_target_after_a_3_s_prompt(rule, passes, span):
+    # 25 Hz: 75 prompt frames, 250 target frames, T = 325. Eq. 14 commits floor(0.01 * 325) = 3
+    # frames a pass (the last pass the 1 left): 84 passes; the even split takes exactly 100
+    model = build_paradigm("palle", VOCAB, TINY).eval()
+    seen = record_inputs(model.stage_one)
+    out = model.generate(request(n_prompt=75, n_generate=250), torch.Generator().manual_seed(0),
+                         stage_one_rule=rule)
+    assert out.forward_passes == out.info["stage_one_passes"] == len(seen) == passes
+    assert out.info["stage_one_rule"] == rule and len(out.speech) == 250
+    committed = [75 + int((inputs != MASK)[75:].sum()) for inputs in seen]
+    if span:
+        assert committed == [75 + span * t for t in range(84)]  # 75, 78, ..., 324
+    else:
+        assert committed == [75 + (5 * t) // 2 for t in range(100)]  # 2 and 3 frames in turn
+
+
+def _stage_one_strength(speech_ids):
+    # stage one says code 1 everywhere; its strength ranks the generated frames g0..g7 (positions 2..9)
+    # as g1 < g4 < g6 < g2 < g0 < g3 < g5 < g7
+    return [(0, 9)] * 2 + [(1, a) for a in (5, 1, 4, 6, 2, 7, 3, 8)]
+
+
+def _stage_two_strength(speech_ids):
+    # stage two: a masked frame is re-predicted as code 2 (strength 9); a visible frame whose right
+    # neighbour holds code 2 is as unsure as can be (strength 0, uniform); otherwise its own
+    # ranking, which disagrees with stage one's: g7 < g6 < g2 < g4 < g5 < g3 < g1 < g0
+    code_2 = VOCAB.speech(torch.tensor(2))
+    out = [(0, 9)] * 2
+    for i, b in enumerate((8, 7, 3, 6, 4, 5, 2, 1)):
+        p = 2 + i
+        if speech_ids[p] == MASK:
+            out.append((2, 9))
+        elif p + 1 < len(speech_ids) and speech_ids[p + 1] == code_2:
+            out.append((1, 0))
+        else:
+            out.append((1, b))
+    return out
+
+
+@pytest.mark.parametrize("rule,remasked,passes,codes", [
+    # Eqs. 15-16: step 1 scores the stage-one output with stage two: g7 and g6 are its least sure,
+    # positions 9 and 8, re-predicted as code 2. Step 2 scores the *new* sequence: g5 (position 7)
+    # now sits before a code 2 and drops to 0, g6 also does but is pinned (g7 is pinned too), so
+    # g5 and g2 (positions 7 and 4). Scoring once would have taken g2, g4; no pinning g5, g6.
+    ("rescore", [[8, 9], [4, 7]], 4, [1, 1, 2, 1, 1, 2, 2, 2]),
+    # the option: stage one's list, fixed before step 1: g1, g4 then g6, g2 (positions 3, 6 / 4, 8)
+    ("stage_one_confidence", [[3, 6], [4, 8]], 2, [1, 2, 2, 1, 2, 1, 2, 1]),
+])
+def test_refinement_rule_picks_the_hand_worked_frames(rule, remasked, passes, codes):
+    model = stage_two_model().eval()
+    scripted(model.stage_one, _stage_one_strength)
+    seen = scripted(model.stage_two, _stage_two_strength)
+    # 2 prompt + 8 target frames; gamma 0.2: floor(0.2 * 7) + 1 = 2 frames a step; greedy
+    out = model.generate(request(n_prompt=2, n_generate=8), torch.Generator(), steps=8, refine_steps=2,
+                         gamma=0.2, temperature=0, refine_rule=rule)
+    assert [masked_frames(inputs) for inputs in seen if (inputs == MASK).any()] == remasked
+    if rule == "rescore":  # each step: a scoring pass on the sequence as it is, then the re-prediction
+        assert [masked_frames(inputs) for inputs in seen[::2]] == [[], []]
+    assert len(seen) == passes and out.info["refine_passes"] == passes and out.info["refine_rule"] == rule
+    assert out.speech.tolist() == codes and out.info["refined_frames"] == 4
+    assert out.forward_passes == 8 + passes  # T = 10, k' = floor(10 / 8) = 1: 8 stage-one passes
+
+
+@pytest.mark.parametrize("rule,per_step", [("rescore", 2), ("stage_one_confidence", 1)])
+def test_refinement_remasks_lowest_quantile_and_never_a_pinned_frame(rule, per_step):
     model = stage_two_model().eval()
     seen = record_inputs(model.stage_two)
     n_prompt, n_gen, gamma = 5, 40, 0.1
     out = model.generate(request(n_prompt, n_gen), torch.Generator().manual_seed(1), steps=8, refine_steps=6,
-                         gamma=gamma)
-    assert len(seen) == 6
+                         gamma=gamma, refine_rule=rule)
+    assert len(seen) == 6 * per_step
     count = quantile_count(n_gen, gamma)  # floor(0.1 * 39) + 1 = 4
     assert count == 4
     remasked = set()
-    for inputs in seen:
-        frames = set((inputs == MASK).nonzero().flatten().tolist())
+    for inputs in seen[per_step - 1::per_step]:
+        frames = set(masked_frames(inputs))
         assert len(frames) == count
         assert min(frames) >= n_prompt  # never the prompt
         assert not frames & remasked  # never a frame refined before
         remasked |= frames
     assert out.info["refined_frames"] == 6 * count
-    assert out.forward_passes == 8 + 6
+    # T = 45, k' = floor(45 / 8) = 5: 8 stage-one passes
+    assert out.forward_passes == 8 + 6 * per_step
 
 
-def test_refinement_takes_the_least_confident_stage_one_frames_first():
-    # greedy decoding: the frames stage one was least sure of are the first ones re-masked
+def test_refinement_stops_when_every_frame_is_refined():
+    # 6 frames, one a step (gamma 0.05): the 9 steps asked for stop after 6, 2 passes each
     model = stage_two_model().eval()
-    seen_one, seen_two = record_inputs(model.stage_one), record_inputs(model.stage_two)
-    n_prompt, n_gen = 4, 30
-    req = request(n_prompt, n_gen)
-    model.generate(req, torch.Generator(), steps=30, refine_steps=1, gamma=0.2, temperature=0)
-    # replay stage one's passes: each committed one frame; its confidence is the log max-probability
-    text = padded_text(VOCAB, torch.cat([req.prompt_text, req.text]), n_prompt + n_gen)
-    confidence = []
-    with torch.no_grad():
-        for i, inputs in enumerate(list(seen_one)):  # (the replay passes are recorded too)
-            logits = model.logits(inputs[None], torch.arange(len(inputs))[None], text_ids=text[None], stage=1)
-            logits = logits[0, n_prompt + i].masked_fill(~VOCAB.is_speech(torch.arange(VOCAB.size)), -math.inf)
-            confidence.append(float(logits.log_softmax(-1).max()))
-    lowest = sorted(range(n_gen), key=lambda i: confidence[i])[:quantile_count(n_gen, 0.2)]
-    remasked = (seen_two[0] == MASK).nonzero().flatten() - n_prompt
-    assert sorted(remasked.tolist()) == sorted(lowest)
+    out = model.generate(request(6, 6), torch.Generator().manual_seed(0), steps=6, refine_steps=9)
+    assert out.info["refined_frames"] == 6 and out.info["refine_passes"] == 12
 
 
-def test_forward_passes_do_not_depend_on_length():
+def test_forward_passes_with_the_even_split_do_not_depend_on_length():
     model = stage_two_model().eval()
     for n_gen in (12, 31):
-        out = model.generate(request(6, n_gen), torch.Generator().manual_seed(0), steps=10, refine_steps=3)
+        out = model.generate(request(6, n_gen), torch.Generator().manual_seed(0), steps=10, refine_steps=3,
+                             stage_one_rule="even_split", refine_rule="stage_one_confidence")
         assert out.forward_passes == 13 and len(out.speech) == n_gen
         assert out.info["stage_one_passes"] == 10 and out.info["refine_passes"] == 3
 
 
-def test_forward_passes_at_paper_defaults_are_100_plus_7():
+def test_forward_passes_at_paper_defaults():
+    # 8 prompt + 100 target frames: T = 108, k' = 1, 100 passes; 8 + 300: T = 308, k' = 3, 100 passes;
+    # then 7 refinement steps of a scoring and a re-prediction pass
     model = stage_two_model().eval()
-    for n_gen in (100, 137):
+    for n_gen, stage_one, per_step in ((100, 100, 5), (300, 100, 15)):
         calls_before = model.stage_one.passes + model.stage_two.passes
         out = model.generate(request(8, n_gen), torch.Generator().manual_seed(0))
-        assert out.forward_passes == 107 == model.stage_one.passes + model.stage_two.passes - calls_before
-        assert out.info["refined_frames"] == 7 * quantile_count(n_gen, 0.05)
+        assert out.forward_passes == stage_one + 14 == model.stage_one.passes + model.stage_two.passes - calls_before
+        assert out.info["stage_one_passes"] == stage_one
+        assert out.info["refined_frames"] == 7 * per_step  # floor(0.05 * 99) + 1 = 5, floor(0.05 * 299) + 1 = 15
 
 
 def test_length_from_eq11_duration_multiplier_and_text_fit():
@@ -293,9 +384,16 @@ def test_decoding_option_errors():
         stage_one.generate(request(6, 10), torch.Generator(), beam=4)
     with pytest.raises(ValueError, match="refine_steps=0"):  # stage two of a stage-1 model is untrained
         stage_one.generate(request(6, 10), torch.Generator(), refine_steps=7)
-    assert stage_one.generate(request(6, 10), torch.Generator(), steps=4).forward_passes == 4
+    # T = 16, k' = floor(16 / 4) = 4: spans 4, 4, 2
+    assert stage_one.generate(request(6, 10), torch.Generator(), steps=4).forward_passes == 3
     with pytest.raises(ValueError, match="gamma"):
         stage_two_model().eval().generate(request(6, 10), torch.Generator(), gamma=0.0)
+    with pytest.raises(ValueError, match="refine_rule"):
+        stage_two_model().eval().generate(request(6, 10), torch.Generator(), refine_rule="once")
+    with pytest.raises(ValueError, match="stage_one_rule"):
+        stage_one.generate(request(6, 10), torch.Generator(), stage_one_rule="even")
+    with pytest.raises(ValueError, match="takes no commit ratio"):
+        stage_one.generate(request(6, 10), torch.Generator(), stage_one_rule="even_split", r=0.1)
 
 
 # ----------------------------------------------------------------------------- stages

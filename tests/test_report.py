@@ -112,3 +112,18 @@ def test_grid_tables_and_curves(tmp_path):
     assert (tmp_path / "g.png").stat().st_size > 5000
     assert not plot_grid(results, "delta_mu", [0.3, 1.0], tmp_path / "h.png")  # not run (and a table axis)
     assert math.isclose(Stat.of([30.0, 34.0]).sd, 2.828, abs_tol=1e-3)
+
+
+def test_wer_rtf_lines_follow_each_grid_axis_in_value_order(tmp_path):
+    from arnar.report import grid_lines, plot_wer_vs_rtf
+
+    grids = {"delta_steps": [16, 4, 8], "palle_duration": [0.7, 1.0, 1.3], "syncspeech_q": [1, 2]}
+    present = {"delta_steps4", "delta_steps8", "delta", "palle_dur0.7", "palle_dur1.0", "palle_dur1.3", "ar"}
+    # syncspeech_q's systems are absent: no line; DELTA in its values' order, the default (16) last
+    assert grid_lines(grids, present) == [("delta_steps", ["delta_steps4", "delta_steps8", "delta"]),
+                                          ("palle_duration", ["palle_dur0.7", "palle_dur1.0", "palle_dur1.3"])]
+    results = {s: {"cross_sentence": {"asr": {"moonshine": {"wer_corpus": 10.0 + i}},
+                                      "speed": {"rtf_token_stage": 0.01 * (i + 1), "forward_passes": 4 * (i + 1)}}}
+               for i, s in enumerate(sorted(present))}
+    assert plot_wer_vs_rtf(results, tmp_path / "p.png", grids=grids) and (tmp_path / "p.png").stat().st_size > 0
+    assert not plot_wer_vs_rtf({"x": {"cross_sentence": {"asr": {"m": {"wer_corpus": 1.0}}}}}, tmp_path / "q.png")

@@ -25,15 +25,19 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from arnar.cli import main as cli_main
-from arnar.stream import StreamError, at_most
+from arnar.evaluate.testlists import TestItem, to_tsv
+from arnar.stream import StreamError, at_most, from_first_speakable
 from arnar.stream import main as stream_main
 from arnar.synthesize import (
     MAX_PROMPT_CHANNELS,
     MAX_PROMPT_PEAK,
     MAX_PROMPT_SECONDS,
     MAX_TEXT_TOKENS,
+    SILENCE_DBFS,
     SynthesisInputError,
     Synthesizer,
+    speakable,
+    synthesize_testlist,
 )
 from arnar.text import normalize_text
 from flite_audio import flite_utterance  # tests/flite_audio.py
@@ -151,13 +155,20 @@ def assert_one_line(message: str, *words: str) -> None:
         assert word in message, (word, message)
 
 
+def has_a_word(text: str) -> bool:
+    """Oracle of a word to speak, from the documented rule: a token of the normalised text with a
+    letter or digit of any script, or one of the symbols read as words."""
+    return any(any(c.isalnum() for c in token) or token in {"&", "+", "=", "@", "%"}
+               for token in normalize_text(text).split(" "))
+
+
 # ----------------------------------------------------------------------------- text
 
 SCRIPTS = ["你好，世界", "Привет, мир", "مرحبا بالعالم", "नमस्ते दुनिया", "こんにちは", "Γειά σου κόσμε", "שלום עולם"]
 EMOJI = ["😀", "🎉", "👍🏽", "👨‍👩‍👧", "🏳️‍🌈", "🇮🇸"]
 ODD = ["", " ", "\t\n\r ", "\u200b\u2060\ufeff", "\x00\x07\x1b", "\u00ad", "0123456789", "3.14159 1,000,000 1st 2nd",
        "!@#$%^&*()_+-=[]{}|;:'\",.<>/?`~", "ﬁ Ａ１ … “quoted” — dash", "e\u0301" * 5, "\u2581\u2581", "\udcff ok",
-       "a" * 200, "hello " * 40]
+       "a" * 200, "hello " * 40, "?!... ---", "...", "- -- ---", "«»", "?", "% 5", "& Co", "@"]
 texts = st.one_of(
     st.text(st.characters(exclude_categories=()), max_size=40),  # any code point: controls, lone surrogates
     st.sampled_from(ODD + SCRIPTS + EMOJI),
@@ -168,8 +179,9 @@ texts = st.one_of(
 @PROPERTY
 @given(text=texts)
 def test_any_text_gives_audio_or_names_the_problem(small_synth, built, text):
-    """Oracle from the BPE alone: refused exactly when the text has no token after normalisation,
-    is not encodable Unicode, or is over the token limit; otherwise audio."""
+    """Oracle from the BPE and the word rule: refused exactly when the text is not encodable
+    Unicode, is over the token limit, or has no word to speak (empty, or only whitespace,
+    punctuation, emoji, invisible characters); otherwise audio."""
     try:
         text.encode("utf-8")
         expected_ids = small_synth.bpe.encode(text)
@@ -183,13 +195,13 @@ def test_any_text_gives_audio_or_names_the_problem(small_synth, built, text):
         assert_one_line(message, "text")
         if expected_ids is None:
             assert "Unicode" in message
-        elif not expected_ids:
-            assert "no tokens after normalisation" in message and normalize_text(text) == ""
+        elif len(expected_ids) > SMALL_LIMIT:
+            assert f"{len(expected_ids)} BPE tokens" in message
         else:
-            assert len(expected_ids) > SMALL_LIMIT and f"{len(expected_ids)} BPE tokens" in message
+            assert "has no word to speak" in message and "nothing to speak" in message and not has_a_word(text)
         return
     event("audio")
-    assert expected_ids and len(expected_ids) <= SMALL_LIMIT, text
+    assert expected_ids and len(expected_ids) <= SMALL_LIMIT and has_a_word(text), text
     assert_audio(audio, record, len(expected_ids))
 
 
@@ -206,18 +218,23 @@ def test_text_of_10000_characters_is_refused_at_once(synth, built):
 
 
 def test_texts_within_the_limit_give_audio(synth, built):
-    for text in ["0123456789", "!?%&", "😀🎉", SCRIPTS[0], SCRIPTS[1], "Please call " * 20]:
+    for text in ["0123456789", "20 % & more!?", "😀 ok 🎉", SCRIPTS[0], SCRIPTS[1], "Please call " * 20]:
         n = len(synth.bpe.encode(text))
         assert n <= MAX_TEXT_TOKENS
         audio, record = synth.synthesize(text, built["prompt"], built["prompt_text"], built["rate"])
         assert_audio(audio, record, n)
 
 
-@pytest.mark.parametrize("text", ["", "   \n\t", "\u200b\x00"])
+@pytest.mark.parametrize("text", ["", "   \n\t", "\u200b\x00", "?!... ---", "😀🎉", "!?%&", "— « » …"])
 def test_empty_text_and_prompt_text_are_named(synth, built, text):
+    """Text with no word to speak (empty, whitespace, punctuation, emoji) gets the one refusal."""
+    assert not speakable(text)
     with pytest.raises(SynthesisInputError) as err:
         synth.synthesize(text, built["prompt"], built["prompt_text"], built["rate"])
-    assert_one_line(str(err.value), "text:", repr(text), "nothing to speak")
+    assert_one_line(str(err.value), "text:", repr(text), "has no word to speak", "nothing to speak")
+    with pytest.raises(SynthesisInputError) as empty:
+        synth.synthesize("", built["prompt"], built["prompt_text"], built["rate"])
+    assert str(err.value).replace(repr(text), repr("")) == str(empty.value)  # the same error as empty text
     with pytest.raises(SynthesisInputError) as err:
         synth.synthesize("hello", built["prompt"], text, built["rate"])
     assert_one_line(str(err.value), "prompt text:", repr(text))
@@ -231,7 +248,8 @@ def test_empty_text_and_prompt_text_are_named(synth, built, text):
 
 RATES = [0, -16000, float("nan"), 1, 100, 8000, 16000, 22050, 44100, 48000]
 SECONDS = [0.0, 1e-4, 0.01, 0.05, 0.1, 0.5, 2.0, MAX_PROMPT_SECONDS - 0.5, MAX_PROMPT_SECONDS + 0.5, 45.0]
-KINDS = ["silence", "noise", "sine", "nan", "inf", "loud", "int16 scale"]
+# quiet: a sine at -83 dBFS RMS, under the silence threshold (-60); faint: one at -53.5 dBFS, over it
+KINDS = ["silence", "quiet", "faint", "noise", "sine", "nan", "inf", "loud", "int16 scale"]
 LAYOUTS = ["mono", "stereo", "channels first", "3-d"]
 
 
@@ -242,6 +260,8 @@ def make_prompt(kind: str, n: int, seed: int) -> np.ndarray:
         "silence": np.zeros(n, np.float32),
         "noise": rng.uniform(-0.5, 0.5, n).astype(np.float32),
         "sine": (0.3 * np.sin(0.05 * t)).astype(np.float32),
+        "quiet": (1e-4 * np.sin(0.05 * t)).astype(np.float32),
+        "faint": (3e-3 * np.sin(0.05 * t)).astype(np.float32),
         "nan": np.zeros(n, np.float32),
         "inf": np.zeros(n, np.float32),
         "loud": np.full(n, 1e30, np.float32),
@@ -257,7 +277,8 @@ def make_prompt(kind: str, n: int, seed: int) -> np.ndarray:
        layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16))
 def test_any_prompt_audio_gives_audio_or_names_the_problem(synth, built, rate, seconds, kind, layout, seed):
     """Oracle from the documented limits: a positive rate, mono or [samples, channels], one codec
-    frame .. MAX_PROMPT_SECONDS, finite, peak <= MAX_PROMPT_PEAK; otherwise refused by name."""
+    frame .. MAX_PROMPT_SECONDS, finite, peak <= MAX_PROMPT_PEAK, not silent; otherwise refused
+    by name."""
     n = int(round(seconds * rate)) if rate > 0 else 16000
     mono = make_prompt(kind, n, seed)
     audio = {"mono": mono, "stereo": np.stack([mono, 0.5 * mono], axis=1), "channels first": np.stack([mono, mono]),
@@ -282,20 +303,22 @@ def test_any_prompt_audio_gives_audio_or_names_the_problem(synth, built, rate, s
             assert "a prompt is at most" in message
         elif kind in ("nan", "inf"):
             assert "non-finite" in message
+        elif kind == "loud":
+            assert "peak amplitude" in message
         else:
-            assert kind == "loud" and "peak amplitude" in message
+            assert kind in ("silence", "quiet") and "silent prompt (RMS level" in message
         return
     event("audio")
     assert rate > 0 and samples is not None and 1 / synth.codec.frame_rate <= samples / rate <= MAX_PROMPT_SECONDS
-    assert kind in ("silence", "noise", "sine", "int16 scale")
+    assert kind in ("faint", "noise", "sine", "int16 scale")
     assert_audio(out, record, len(synth.bpe.encode("hello there")))
 
 
 def test_representative_prompts(synth, built):
     prompt, rate, text = built["prompt"], built["rate"], built["prompt_text"]
-    # silent, 0.1 s, another sample rate: audio
-    for audio, audio_rate in [(np.zeros(rate, np.float32), rate), (prompt[: rate // 10], rate),
-                              (prompt[::2], rate // 2), (prompt, 44100)]:
+    # 0.1 s (of speech: the clip opens with silence), another sample rate: audio
+    for audio, audio_rate in [(prompt[rate // 2: rate // 2 + rate // 10], rate), (prompt[::2], rate // 2),
+                              (prompt, 44100)]:
         out, record = synth.synthesize("hello", audio, text, audio_rate)
         assert_audio(out, record, len(synth.bpe.encode("hello")))
     # stereo [samples, channels] is read as the average of its channels
@@ -321,9 +344,67 @@ def test_representative_prompts(synth, built):
         synth.synthesize("hello", prompt, text, True)
 
 
+def level(audio: np.ndarray, dbfs: float) -> np.ndarray:
+    """``audio`` scaled to an RMS level of ``dbfs``."""
+    audio = np.asarray(audio, np.float64)
+    return (audio * 10 ** (dbfs / 20) / np.sqrt(np.mean(audio**2))).astype(np.float32)
+
+
+def test_a_silent_prompt_is_refused_with_its_level(synth, built):
+    """A prompt under validation.silence_dbfs (RMS) has no voice to copy: refused, with its level."""
+    prompt, rate, text = built["prompt"], built["rate"], built["prompt_text"]
+    assert SILENCE_DBFS == -60.0  # the ingest's threshold (params.yaml validation.silence_dbfs)
+    for audio, shown in [(np.zeros(3 * rate, np.float32), "-inf dBFS"), (level(prompt, -75.0), "-75.0 dBFS"),
+                         (np.stack([prompt, -prompt], axis=1), "-inf dBFS")]:  # channels that cancel out
+        with pytest.raises(SynthesisInputError) as err:
+            synth.synthesize("hello", audio, text, rate)
+        assert_one_line(str(err.value), "prompt audio: silent prompt (RMS level", shown,
+                        "below the -60 dBFS of validation.silence_dbfs")
+    out, record = synth.synthesize("hello", level(prompt, -55.0), text, rate)
+    assert_audio(out, record, len(synth.bpe.encode("hello")))
+    # the threshold is the caller's (arnar synthesize --silence-dbfs)
+    lenient = make_synth(built, silence_dbfs=-80.0)
+    out, record = lenient.synthesize("hello", level(prompt, -75.0), text, rate)
+    assert_audio(out, record, len(synth.bpe.encode("hello")))
+
+
+def test_testlist_synthesis_checks_each_item_as_arnar_synthesize_does(synth, built, tmp_path):
+    """A test list's prompt files and texts get the checks of `arnar synthesize`, the error naming
+    the list, the item and the prompt file."""
+    prompts, out = tmp_path / "prompts", tmp_path / "out"
+    prompts.mkdir()
+    prompt_wav = prompts / "cross_rms_1.wav"
+    item = TestItem(item_id="cross_rms_1", task="cross_sentence", speaker="rms", target_id="rms_1",
+                    target_text=SENTENCES[1], target_duration=3.0, prompt_id="rms_0", prompt_start=0.0,
+                    prompt_end=2.0, prompt_text=built["prompt_text"])
+    testlist = tmp_path / "cross_sentence.tsv"
+
+    def synthesize(*items: TestItem) -> None:
+        testlist.write_text(to_tsv(list(items)))
+        synthesize_testlist(synth, testlist, prompts, out, seed=0, progress=False)
+
+    sf.write(str(prompt_wav), built["prompt"], built["rate"], subtype="FLOAT")
+    synthesize(item)
+    assert sf.info(str(out / "cross_rms_1.wav")).frames > 0
+    cases = [
+        (np.zeros(2 * built["rate"], np.float32), item,
+         f"item cross_rms_1: {prompt_wav}: silent prompt (RMS level -inf dBFS"),
+        (None, item, f"item cross_rms_1: {prompt_wav}: the prompt audio file does not exist"),
+        (built["prompt"], TestItem(**{**item.__dict__, "target_text": "?!... ---"}),
+         "item cross_rms_1: text: text '?!... ---' has no word to speak"),
+    ]
+    for audio, bad_item, words in cases:
+        prompt_wav.unlink(missing_ok=True)
+        if audio is not None:
+            sf.write(str(prompt_wav), audio, built["rate"], subtype="FLOAT")
+        with pytest.raises(SynthesisInputError) as err:
+            synthesize(bad_item)
+        assert_one_line(str(err.value), f"{testlist}: {words}")
+
+
 def test_a_transcript_far_shorter_than_its_prompt_is_refused(synth, built):
     """Eq. 11 at a 29 s prompt read as one word, for ~300 text tokens: over an hour of speech."""
-    long_prompt = np.zeros(29 * built["rate"], np.float32)
+    long_prompt = np.resize(built["prompt"], 29 * built["rate"])
     text = "the cat sat on the mat " * 20
     assert len(synth.bpe.encode(text)) <= MAX_TEXT_TOKENS
     with pytest.raises(SynthesisInputError) as err:
@@ -345,7 +426,7 @@ def test_a_paradigms_own_input_refusal_is_one_line(synth, built, monkeypatch):
 
     monkeypatch.setattr(synth.model, "prepare_request", no_phonemes, raising=False)
     with pytest.raises(SynthesisInputError, match="has no phonemes"):
-        synth.synthesize("😀", built["prompt"], built["prompt_text"], built["rate"])
+        synth.synthesize("你好", built["prompt"], built["prompt_text"], built["rate"])
 
 
 def test_unknown_decoding_options_are_refused_before_synthesis(built):
@@ -382,11 +463,18 @@ def test_cli_synthesize_gives_one_line_errors(built, tmp_path, capsys):
     corrupt.write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt garbage")
     long_wav = tmp_path / "five_minutes.wav"
     sf.write(str(long_wav), np.zeros(300 * 8000, np.float32), 8000, subtype="PCM_16")
+    silent = tmp_path / "three_seconds_of_silence.wav"
+    sf.write(str(silent), np.zeros(3 * 16000, np.float32), 16000, subtype="PCM_16")
     cases = [
         ({"text": ""}, ["--text: text ''", "nothing to speak"]),
+        ({"text": "?!... ---"}, ["--text: text '?!... ---' has no word to speak", "nothing to speak"]),
         ({"text": "word " * 2000}, ["--text:", "BPE tokens", "split it into sentences"]),
         ({"prompt-wav": str(corrupt)}, [str(corrupt), "unreadable audio"]),
         ({"prompt-wav": str(long_wav)}, [str(long_wav), "300.0 s long"]),
+        ({"prompt-wav": str(silent)}, [f"{silent}: silent prompt (RMS level -inf dBFS", "-60 dBFS"]),
+        ({"prompt-wav": str(tmp_path / "missing.wav")},
+         [f"{tmp_path / 'missing.wav'}: the prompt audio file does not exist"]),
+        ({"prompt-wav": str(tmp_path)}, [f"{tmp_path}: a folder, not a prompt audio file"]),
         ({"prompt-text": " "}, ["--prompt-text:"]),
         ({"prompt-text": None}, ["missing: --prompt-text"]),
         ({"out": str(tmp_path / "no" / "such" / "out.wav")}, ["--out", "no such folder"]),
@@ -404,6 +492,14 @@ def test_cli_synthesize_gives_one_line_errors(built, tmp_path, capsys):
     code, err = run_cli(cli_main, [*synthesize_argv(built, tmp_path), "--decoding", "[1]"], capsys)
     assert code == 2 and "expected a JSON object" in err
     assert_one_line(err.strip())
+    # a quiet prompt passes a lower --silence-dbfs
+    quiet = tmp_path / "quiet.wav"
+    sf.write(str(quiet), level(built["prompt"], -65.0), built["rate"], subtype="FLOAT")
+    code, err = run_cli(cli_main, synthesize_argv(built, tmp_path, **{"prompt-wav": str(quiet)}), capsys)
+    assert code == 2 and "RMS level -65.0 dBFS" in err
+    code, err = run_cli(cli_main, [*synthesize_argv(built, tmp_path, **{"prompt-wav": str(quiet)}),
+                                   "--silence-dbfs", "-70"], capsys)
+    assert code == 0, err
 
 
 def stream_argv(built, tmp_path, **flags) -> list[str]:
@@ -420,32 +516,64 @@ def stream_argv(built, tmp_path, **flags) -> list[str]:
 def test_stream_gives_one_line_errors(built, tmp_path, capsys, monkeypatch):
     code, err = run_cli(stream_main, stream_argv(built, tmp_path), capsys)
     assert code == 0 and sf.info(str(tmp_path / "stream" / "stream.wav")).frames > 0, err
-    # a 0.1 s prompt at 8 kHz, stereo, and text in other scripts and emoji: audio too
+    # a 0.1 s prompt (of speech: the clip opens with silence) at 8 kHz, stereo, and text in other
+    # scripts and emoji: audio too
     short = tmp_path / "short.wav"
-    sf.write(str(short), np.stack([built["prompt"][::2][:800]] * 2, axis=1), 8000, subtype="PCM_16")
+    sf.write(str(short), np.stack([built["prompt"][::2][4000:4800]] * 2, axis=1), 8000, subtype="PCM_16")
     code, err = run_cli(stream_main, stream_argv(built, tmp_path, **{"prompt-wav": str(short),
                                                                      "text": "Привет 😀 你好 42%"}), capsys)
     assert code == 0 and sf.info(str(tmp_path / "stream" / "stream.wav")).frames > 0, err
 
     corrupt = tmp_path / "corrupt.wav"
     corrupt.write_bytes(b"\x00" * 100)
+    silent = tmp_path / "silent.wav"
+    sf.write(str(silent), np.zeros(2 * 16000, np.float32), 16000, subtype="PCM_16")
     cases = [
         ({"text": ""}, ["--text: text ''", "nothing to speak"]),
         ({"text": " \t "}, ["--text:", "nothing to speak"]),
+        ({"text": "?!... ---"}, ["--text: text '?!... ---' has no word to speak", "nothing to speak"]),
         ({"text": "😀" * 10_000}, ["--text:", "BPE tokens"]),
         ({"prompt-wav": str(corrupt)}, [str(corrupt), "unreadable audio"]),
-        ({"prompt-wav": str(tmp_path / "missing.wav")}, ["missing.wav", "unreadable audio"]),
+        ({"prompt-wav": str(tmp_path / "missing.wav")},
+         [f"{tmp_path / 'missing.wav'}: the prompt audio file does not exist"]),
+        ({"prompt-wav": str(silent)}, [f"{silent}: silent prompt (RMS level -inf dBFS"]),
         ({"prompt-text": ""}, ["--prompt-text:"]),
     ]
     for flags, words in cases:
         code, err = run_cli(stream_main, stream_argv(built, tmp_path, **flags), capsys)
         assert code == 2, (flags, err)
         assert_one_line(err.strip(), "arnar stream: error: ", *words)
-    # text from stdin that never comes
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    code, err = run_cli(stream_main, stream_argv(built, tmp_path, text=None), capsys)
-    assert code == 2 and "nothing to speak" in err
-    assert_one_line(err.strip())
+    # text from stdin that never comes, or has no word to speak: refused as empty text is, no audio
+    for text in ("", "?!... ---\n"):
+        out = tmp_path / f"stdin_{len(text)}"
+        monkeypatch.setattr("sys.stdin", io.StringIO(text))
+        code, err = run_cli(stream_main, [*stream_argv(built, tmp_path, text=None), "--out-dir", str(out)], capsys)
+        assert code == 2 and "nothing to speak" in err
+        assert_one_line(err.strip())
+        assert not list(out.glob("*.wav"))
+
+
+@settings(PROPERTY, max_examples=200)
+@given(words=st.lists(st.sampled_from(["?!", "...", "---", "😀", "«", "hello", "42", "%", "你好", "a"]),
+                      max_size=8))
+def test_stdin_words_wait_for_the_first_word_to_speak(words):
+    """Words before the first one to speak are held back, then released with it; input without one
+    is refused as empty text is. Nothing past the first word to speak is read before it is out."""
+    pulled = []
+
+    def source():
+        for word in words:
+            pulled.append(word)
+            yield word
+
+    first = next((k for k, word in enumerate(words) if has_a_word(word)), None)
+    released = from_first_speakable(source(), speakable, lambda text: f"stdin: text {text!r}: nothing to speak")
+    if first is None:
+        with pytest.raises(StreamError, match="nothing to speak"):
+            next(released)
+        return
+    assert next(released) == words[0] and pulled == words[: first + 1]
+    assert [words[0], *released] == words
 
 
 def test_stdin_text_is_cut_off_at_the_limit_as_it_arrives():

@@ -146,7 +146,7 @@ def _backends(args: argparse.Namespace):
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from arnar.evaluate.run import evaluate_system
+    from arnar.evaluate.run import evaluate_system, read_voice_groups
     from arnar.evaluate.testlists import read_testlist
 
     asr, encoder = _backends(args)
@@ -158,11 +158,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             mos = load_mos_predictor()
         except MosUnavailableError as err:
             log.warning("MOS not reported: %s", err)
+    voices = read_voice_groups(Path(args.corpus)) if args.corpus else None
     result = evaluate_system(
         system=args.system, task=args.task, system_dir=Path(args.system_dir),
         items=read_testlist(Path(args.testlist)), prompts_dir=Path(args.prompts),
         asr_backends=asr, speaker_encoder=encoder, out_json=Path(args.out_json),
-        out_tsv=Path(args.out_tsv), d_llm=args.d_llm, mos_predictor=mos,
+        out_tsv=Path(args.out_tsv), d_llm=args.d_llm, mos_predictor=mos, voices=voices,
     )
     log.info("%s/%s: %s", args.system, args.task, json.dumps(
         {k: round(v["wer_corpus"], 2) for k, v in result["asr"].items()} | {"sim": result["sim"]["mean"]}))
@@ -244,9 +245,9 @@ def cmd_durations(args: argparse.Namespace) -> None:
 
     from arnar.align import alignment_from_json
     from arnar.align.durations import DurationError, bpe_durations
-    from arnar.text.bpe import BpeTokenizer
+    from arnar.text import load_text_tokenizer
 
-    tokenizer = BpeTokenizer.load(args.bpe)
+    tokenizer = load_text_tokenizer(args.bpe)
     texts = {c.id: c.supervisions[0].text for c in load_manifest(args.cuts)}
     rows, failed = [], []
     for record in _read_jsonl(Path(args.alignments)):
@@ -295,7 +296,8 @@ def cmd_resynthesize(args: argparse.Namespace) -> None:
     from arnar.evaluate.audio import load_mono
     from arnar.evaluate.testlists import read_testlist
 
-    codec = load_codec(args.codec, model=args.model)
+    options = {"n_codebooks": args.n_codebooks} if args.n_codebooks else {}
+    codec = load_codec(args.codec, model=args.model, **options)
     # a decoder that takes the voice from prompt audio (the offline codec) gets the item's prompt
     takes_prompt_audio = "prompt_audio" in inspect.signature(codec.decode).parameters
     out = Path(args.out)
@@ -315,7 +317,7 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
     """A trained paradigm speaks a frozen test list (or one sentence) through the codec."""
     import soundfile as sf
 
-    from arnar.synthesize import SynthesisInputError, Synthesizer, synthesize_testlist
+    from arnar.synthesize import SILENCE_DBFS, SynthesisInputError, Synthesizer, synthesize_testlist
 
     # bad flags are refused before the model loads; text and prompt limits: arnar.synthesize
     try:
@@ -343,7 +345,8 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
         if not Path(args.out).parent.is_dir():
             raise SynthesisInputError(f"--out {args.out}: no such folder {Path(args.out).parent}")
     synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
-                        device=args.device, decoding=decoding, checkpoint=args.checkpoint)
+                        device=args.device, decoding=decoding, checkpoint=args.checkpoint,
+                        silence_dbfs=SILENCE_DBFS if args.silence_dbfs is None else args.silence_dbfs)
     if args.testlist:
         synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed,
                             ground_truth_duration=bool(target_duration))
@@ -489,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resynthesize", help="test-list targets through a codec and back (reference row)")
     p.add_argument("--codec", required=True)
     p.add_argument("--model")
+    p.add_argument("--n-codebooks", type=int, help="decode the first N quantizers only (offline_rvq: 1 is "
+                   "Chain-of-Details' decoding path)")
     p.add_argument("--testlist", required=True)
     p.add_argument("--targets", required=True, help="ground-truth system folder of the task")
     p.add_argument("--prompts", required=True)
@@ -508,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-text", help="transcript of --prompt-wav")
     p.add_argument("--out", help="output folder (test list) or .wav (one sentence)")
     p.add_argument("--decoding", default="{}", help="JSON decoding options, e.g. '{\"steps\": 25}'")
+    p.add_argument("--silence-dbfs", type=float, help="refuse a prompt whose RMS level is below this "
+                   "(default: the ingest's, params.yaml validation.silence_dbfs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_synthesize)
@@ -543,7 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_task_audio)
 
     def add_backends(p):
-        p.add_argument("--asr", action="append", required=True, choices=["pocketsphinx", "whisper", "hubert"])
+        from arnar.evaluate.asr import ASR_BACKENDS
+
+        p.add_argument("--asr", action="append", required=True, choices=ASR_BACKENDS)
         p.add_argument("--sim", required=True, choices=["resemblyzer", "wavlm"])
 
     p = sub.add_parser("evaluate", help="evaluate one system's audio on one task")
@@ -553,6 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--testlist", required=True)
     p.add_argument("--prompts", required=True)
     add_backends(p)
+    p.add_argument("--corpus", help="corpus folder: its speakers.tsv adds WER/SIM per voice and voice group")
     p.add_argument("--mos", action="store_true", help="also predict naturalness (UTMOSv2) where installed")
     p.add_argument("--d-llm", type=float, default=0.025)
     p.add_argument("--out-json", required=True)

@@ -27,7 +27,8 @@ from arnar.atomic import atomic_path, write_text  # noqa: E402
 from arnar.evaluate.testlists import TASKS, read_testlist  # noqa: E402
 
 TASK_TITLES = {"continuation": "Continuation", "cross_sentence": "Cross-sentence"}
-ASR_SHORT = {"whisper": "W", "hubert": "H", "pocketsphinx": "P"}  # WER-W / WER-H as in PALLE
+ASR_SHORT = {"whisper": "W", "hubert": "H", "pocketsphinx": "P", "moonshine": "M",
+             "faster_whisper": "FW"}  # WER-W / WER-H as in PALLE
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -163,11 +164,61 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
                 str(sum(len(results[s][task]["missing"]) for s in replicas)),
             ]
             lines.append("| " + " | ".join(row) + " |")
-        models = ", ".join(f"{n}: {first['asr'][n]['model']}" for n in asr_names)
+        models = ", ".join(f"{n}: {first['asr'][n]['model']}{judge_fingerprint(first['asr'][n])}" for n in asr_names)
         seeds_note = (f" Paradigm rows: mean ± standard deviation over {seeds} synthesis seeds (speed columns: mean)."
                       if seeds > 1 else "")
         lines += ["", f"{first['items']} items. ASR {models}; SIM {first['sim']['backend']} "
                       f"({first['sim']['model']}), {first['sim']['reference']}.{seeds_note}", ""]
+    return "\n".join(lines)
+
+
+def judge_fingerprint(asr_result: dict) -> str:
+    """`` (sha256 abcdef123456)``: one digest over the judge's weight files, so two reports are
+    compared only when their judges match (empty where the files are in a hub cache)."""
+    import hashlib
+
+    files = asr_result.get("model_sha256") or {}
+    if not files:
+        return ""
+    digest = hashlib.sha256("".join(f"{k}={v};" for k, v in sorted(files.items())).encode()).hexdigest()
+    return f" (weights sha256 {digest[:12]})"
+
+
+def voice_group_table(results: dict[str, dict[str, dict]], layout: Layout | None = None) -> str:
+    """WER (first ASR backend, corpus-level) and SIM per voice group and per voice, for the
+    reference rows and the comparison, each task: a voice no training speaker uses is the real
+    zero-shot case; a pitch/tempo variant of a training voice is an easier one."""
+    layout = layout or Layout.plain(list(results))
+    rows = [(s, [s]) for s in layout.references] + list(layout.comparison.items())
+    first = results[rows[0][0]][TASKS[0]]
+    asr_name = next(iter(first["asr"]))
+    groups = sorted(first["asr"][asr_name].get("per_voice_group") or {})
+    voices = sorted(first["asr"][asr_name].get("per_voice") or {})
+    if not groups:
+        return ""
+    short = ASR_SHORT.get(asr_name, asr_name)
+    lines = ["## Per voice group", "",
+             f"WER-{short} corpus (%) / SIM to the prompt per voice group and per test voice (mean ± sd over "
+             "synthesis seeds where a row has several). *seen voice*: a held-out speaker whose synthesizer "
+             "voice a training speaker has (a pitch/tempo variant); *unseen voice*: a voice no training "
+             "speaker uses.", ""]
+    for task in TASKS:
+        header = ["System"] + [f"{g} WER" for g in groups] + [f"{g} SIM" for g in groups] + voices
+        lines += [f"### {TASK_TITLES[task]}", "", "| " + " | ".join(header) + " |",
+                  "|" + "|".join("---" for _ in header) + "|"]
+        for system, replicas in rows:
+            def cell(read, digits=2):
+                value = stat(results, replicas, task, read)
+                return "–" if value is None else value.format(digits)
+
+            row = [system]
+            row += [cell(lambda r, g=g: ((r["asr"][asr_name].get("per_voice_group") or {}).get(g) or {}).get("wer_corpus"))
+                    for g in groups]
+            row += [cell(lambda r, g=g: (r["sim"].get("per_voice_group") or {}).get(g), 3) for g in groups]
+            row += [cell(lambda r, v=v: ((r["asr"][asr_name].get("per_voice") or {}).get(v) or {}).get("wer_corpus"))
+                    for v in voices]
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -370,7 +421,7 @@ def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
 def audit_table(audit: dict) -> str:
     lines = [f"{audit['utterances']} utterances, {audit['speakers']} speakers.", ""]
     for name, asr in audit["asr"].items():
-        lines += [f"### WER of the recordings, ASR {name} ({asr['model']})", "",
+        lines += [f"### WER of the recordings, ASR {name} ({asr['model']}{judge_fingerprint(asr)})", "",
                   "| Voice | Utterances | WER utt-mean (%) | WER corpus (%) |", "|---|---|---|---|"]
         for voice, s in list(asr["per_voice"].items()) + [("**overall**", asr["overall"])]:
             lines.append(f"| {voice} | {s['utterances']} | {_fmt(s['wer_utterance_mean'])} | {_fmt(s['wer_corpus'])} |")
@@ -431,11 +482,30 @@ def plot_systems(results: dict[str, dict[str, dict]], path: Path) -> None:
     _save(fig, path)
 
 
-def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str = "cross_sentence") -> bool:
+def grid_lines(grids: dict[str, list], present: set[str]) -> list[tuple[str, list[str]]]:
+    """``(axis, systems in the axis' value order)`` for every grid axis whose systems are all
+    ``present``: the lines of the WER-RTF plot (one per axis, never across axes)."""
+    lines = []
+    for axis, values in grids.items():
+        rows = grid_rows(axis, values)
+        if all(isinstance(v, (int, float)) for v, _ in rows):
+            rows = sorted(rows, key=lambda row: row[0])
+        members = [system for _, system in rows]
+        if len(members) > 1 and all(m in present for m in members):
+            lines.append((axis, members))
+    return lines
+
+
+def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str = "cross_sentence",
+                    grids: dict[str, list] | None = None) -> bool:
     """Quality against speed for every timed system (the DELTA steps Pareto of delta_tts.txt
-    Fig. 2, PALLE's one vs two stages): WER (corpus) over the token-stage RTF. Systems of one run
-    decoded with different settings (names sharing the run's prefix, e.g. delta, delta_steps4)
-    are joined by a line. Returns False when no system is timed."""
+    Fig. 2, PALLE's one vs two stages): WER (corpus) over the token-stage RTF. Each grid axis whose
+    systems are all timed is one line in its values' order (DELTA steps 4 -> 8 -> 16, ...); every
+    other system is a point. Points carry numbers, and the key beside the axes names them (with
+    their forward passes), so no label sits on another. Major ticks only on the log axis.
+    Returns False when no system is timed."""
+    from matplotlib.ticker import NullFormatter, NullLocator
+
     points = {}
     for system, by_task in results.items():
         if task not in by_task:
@@ -448,22 +518,28 @@ def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str =
         points[system] = (speed["rtf_token_stage"], asr["wer_corpus"], speed.get("forward_passes"))
     if not points:
         return False
-    fig, ax = plt.subplots(figsize=(6, 4))
-    families: dict[str, list[str]] = {}
-    for system in points:
-        families.setdefault(system.split("_")[0], []).append(system)
-    for family, members in families.items():
-        members = sorted(members, key=lambda m: points[m][0])
-        xs, ys = [points[m][0] for m in members], [points[m][1] for m in members]
-        ax.plot(xs, ys, "o-" if len(members) > 1 else "o", label=family)
-        for m in members:
-            passes = points[m][2]
-            ax.annotate(f"{m}" + (f" ({passes:.0f})" if passes else ""), (points[m][0], points[m][1]),
-                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+    lines = grid_lines(grids or {}, set(points))
+    fig, (ax, key) = plt.subplots(1, 2, figsize=(10, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    for label, members in lines:
+        ax.plot([points[m][0] for m in members], [points[m][1] for m in members], "o-", lw=1, ms=4, label=label)
+    on_lines = {m for _, members in lines for m in members}
+    loose = [s for s in points if s not in on_lines]
+    ax.plot([points[s][0] for s in loose], [points[s][1] for s in loose], "ko", ms=4, label="other systems")
+    names = []
+    for number, system in enumerate(sorted(points, key=lambda s: (points[s][0], s)), start=1):
+        x, y, passes = points[system]
+        ax.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        names.append(f"{number:>2} {system}" + (f" ({passes:.0f} passes)" if passes else ""))
     ax.set_xscale("log")
-    ax.set_xlabel("RTF of the token stage (log scale; forward passes in brackets)")
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("RTF of the token stage (log scale)")
     ax.set_ylabel(f"WER corpus (%), {TASK_TITLES[task]}")
     ax.legend(fontsize=7)
+    key.axis("off")
+    columns = [names[i:i + 24] for i in range(0, len(names), 24)]
+    for c, column in enumerate(columns):
+        key.text(c / max(1, len(columns)), 1.0, "\n".join(column), fontsize=6, family="monospace", va="top")
     fig.tight_layout()
     _save(fig, path)
     return True
@@ -617,7 +693,8 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
     results = load_results(eval_dir, systems, layout)
     audit = json.loads((eval_dir / "ground_truth_audit.json").read_text(encoding="utf-8"))
     tables_md = comparison_table(results, layout, run_parameters(train_dir))
-    for extra in (claims_section(results, layout), ablation_tables(results, layout), training_table(train_dir, systems)):
+    for extra in (voice_group_table(results, layout), claims_section(results, layout), ablation_tables(results, layout),
+                  training_table(train_dir, systems)):
         if extra:
             tables_md = f"{tables_md}\n{extra}"
     audit_md = audit_table(audit)
@@ -634,7 +711,8 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
     plot_audit(audit, plots_dir / "ground_truth_wer_per_voice.png", plots_dir / "sim_pairs.png")
     plots = [f"plots/{p}" for p in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png")]
     replicas = {r for reps in layout.comparison.values() for r in reps[1:]}
-    if plot_wer_vs_rtf({s: r for s, r in results.items() if s not in replicas}, plots_dir / "wer_vs_rtf.png"):
+    if plot_wer_vs_rtf({s: r for s, r in results.items() if s not in replicas}, plots_dir / "wer_vs_rtf.png",
+                       grids=layout.grids):
         plots.append("plots/wer_vs_rtf.png")
     for axis in layout.grids:
         if plot_grid(results, axis, layout.grids[axis], plots_dir / f"grid_{axis}.png"):

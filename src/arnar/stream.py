@@ -24,10 +24,11 @@ Each chunk is decoded with the codes before it (the prompt's, then the generated
 ``--decoder-context`` frames) as left context, so chunk boundaries do not restart the decoder cold.
 
 Inputs are checked as ``arnar synthesize`` checks them (:mod:`arnar.synthesize`: prompt file and
-transcript, at most ``MAX_TEXT_TOKENS`` text tokens); a ``--text`` is checked whole before
-anything runs, text from stdin as it arrives: once it passes the limit the stream stops with an
-error (the chunks written by then stay). Each text token adds at most ``max_duration`` frames, so
-the work is bounded by the text.
+transcript, a word to speak, at most ``MAX_TEXT_TOKENS`` text tokens); a ``--text`` is checked
+whole before anything runs, text from stdin as it arrives: words before the first word to speak
+(punctuation, emoji) wait for it, input that ends without one is refused as empty text is, and
+once the text passes the limit the stream stops with an error (the chunks written by then stay).
+Each text token adds at most ``max_duration`` frames, so the work is bounded by the text.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import numpy as np
 import torch
 
 from arnar import atomic
+from arnar.synthesize import SILENCE_DBFS
 
 log = logging.getLogger("arnar.stream")
 
@@ -70,6 +72,22 @@ def words(stream: TextIO) -> Iterator[str]:
                 return
         else:
             word.append(char)
+
+
+def from_first_speakable(word_stream: Iterable[str], speakable: Callable[[str], bool],
+                         refusal: Callable[[str], str]) -> Iterator[str]:
+    """``word_stream`` as it comes, except that words before the first ``speakable`` one are held
+    back and released with it; a StreamError (``refusal`` of the text read) when the input ends
+    without one, so that text with nothing to speak gives no audio."""
+    word_stream = iter(word_stream)
+    held: list[str] = []
+    for word in word_stream:
+        held.append(word)
+        if speakable(word):
+            yield from held
+            yield from word_stream
+            return
+    raise StreamError(refusal(" ".join(held)))
 
 
 def bpe_tokens(word_stream: Iterable[str], encode: Callable[[str], list[int]]) -> Iterator[int]:
@@ -234,6 +252,9 @@ def build_parser(prog: str = "arnar stream") -> argparse.ArgumentParser:
     p.add_argument("--prompt-wav", required=True, help="prompt recording (the voice)")
     p.add_argument("--prompt-text", required=True, help="transcript of --prompt-wav")
     p.add_argument("--text", help="the text to speak (default: read from stdin as it arrives)")
+    p.add_argument("--silence-dbfs", type=float, default=SILENCE_DBFS,
+                   help=f"refuse a prompt whose RMS level is below this (default {SILENCE_DBFS:g}, "
+                        "validation.silence_dbfs)")
     p.add_argument("--d-llm", type=float, default=0.025, help="seconds per upstream text token (default 0.025)")
     p.add_argument("--chunk-size", type=int, help="speech tokens per packet (default: the decoding default, 15)")
     p.add_argument("--decoder-context", type=int, default=50, help="frames of left context for each chunk")
@@ -246,7 +267,7 @@ def build_parser(prog: str = "arnar stream") -> argparse.ArgumentParser:
 
 
 def stream_main(args: argparse.Namespace) -> dict[str, Any]:
-    from arnar.synthesize import Synthesizer
+    from arnar.synthesize import Synthesizer, nothing_to_speak, speakable
 
     try:
         decoding = json.loads(args.decoding)
@@ -261,7 +282,7 @@ def stream_main(args: argparse.Namespace) -> dict[str, Any]:
     if args.d_llm < 0 or not np.isfinite(args.d_llm):
         raise StreamError(f"--d-llm must be a number of seconds >= 0, got {args.d_llm}")
     synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
-                        device=args.device, checkpoint=args.checkpoint)
+                        device=args.device, checkpoint=args.checkpoint, silence_dbfs=args.silence_dbfs)
     model, codec = synth.model, synth.codec
     if not hasattr(model, "stream"):
         raise StreamError(f"{args.run_dir}: a {model.name!r} run; `arnar stream` needs a syncspeech run")
@@ -295,7 +316,9 @@ def stream_main(args: argparse.Namespace) -> dict[str, Any]:
         log.info("chunk %d: %d tokens ready at %.3f s (%d text tokens read)", len(pieces) - 1, len(chunk.speech),
                  ready, chunk.text_tokens_read)
 
-    streamed = run_stream(model, at_most(bpe_tokens(words(source), synth.bpe.encode), synth.max_text_tokens),
+    source_name = "--text" if args.text is not None else "stdin"
+    text_words = from_first_speakable(words(source), speakable, lambda text: nothing_to_speak(source_name, text))
+    streamed = run_stream(model, at_most(bpe_tokens(text_words, synth.bpe.encode), synth.max_text_tokens),
                           prompt_text, prompt_speech,
                           seed=args.seed, d_llm=args.d_llm, decoding=decoding, on_chunk=write_chunk)
     fpl_a_run = run_stream(model, streamed["received"], prompt_text, prompt_speech, seed=args.seed,

@@ -17,19 +17,21 @@ Input limits. Every input either gives audio or a :class:`SynthesisInputError` w
 message names the input and the problem (``arnar synthesize`` / ``arnar stream`` print it as
 ``error: ...``), and no input makes the work unbounded:
 
-* text and prompt transcript: at least one BPE token after :func:`~arnar.text.normalize_text`
-  (empty, whitespace-only or invisible-only text is refused), at most :data:`MAX_TEXT_TOKENS`
-  each. Longer text is refused, not cut: a cut would silently drop words, and a caller can split
-  text into sentences. Emoji, digits, symbols and other scripts are spoken as the BPE encodes
-  them (byte fallback: a character the model never saw becomes its UTF-8 byte pieces, which
-  count towards the limit);
+* text and prompt transcript: at least one word to speak (:func:`speakable`: a letter or digit
+  of any script, or one of the symbols ``& + = @ %``; empty text and text of only whitespace,
+  punctuation, emoji or invisible characters get the same refusal), at most
+  :data:`MAX_TEXT_TOKENS` BPE tokens each. Longer text is refused, not cut: a cut would silently
+  drop words, and a caller can split text into sentences. Around its words, emoji, digits,
+  symbols and other scripts are spoken as the BPE encodes them (byte fallback: a character the
+  model never saw becomes its UTF-8 byte pieces, which count towards the limit);
 * prompt audio: mono, or ``[samples, channels]`` (soundfile's layout, at most
   :data:`MAX_PROMPT_CHANNELS` channels; they are averaged),
   finite, at a positive sample rate (resampled to the codec's), from one codec frame to
-  :data:`MAX_PROMPT_SECONDS` long (silence is a valid prompt), peak at most
-  :data:`MAX_PROMPT_PEAK` (float samples are in [-1, 1]; larger values overflow the codec's
-  log-mel). A prompt file is checked for its length (``soundfile.info``) before it is read;
-  an unreadable one is refused with its path;
+  :data:`MAX_PROMPT_SECONDS` long, peak at most :data:`MAX_PROMPT_PEAK` (float samples are in
+  [-1, 1]; larger values overflow the codec's log-mel), and not silent: an RMS level of at least
+  ``silence_dbfs`` (:data:`SILENCE_DBFS`, the ingest's ``validation.silence_dbfs``), since a
+  silent prompt has no voice to copy. A prompt file must exist and is checked for its length
+  (``soundfile.info``) before it is read; an unreadable one is refused with its path;
 * the speech to generate: the speaking rate of the prompt (palle.txt Eq. 11: prompt frames x
   text tokens / prompt-text tokens, the length the NAR family generates) must not ask for more
   than :data:`MAX_SPEECH_SECONDS`; that only happens when the transcript is far shorter than
@@ -57,7 +59,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from arnar.data.validate import ValidationLimits
 from arnar.paradigms.base import SynthesisRequest
+from arnar.text import analyze_words
 
 log = logging.getLogger("arnar.synthesize")
 # codecs whose tokens are a residual stack: single-stream paradigms (CoD) model its first quantizer
@@ -72,6 +76,8 @@ MAX_PROMPT_SECONDS = 30.0  # the test lists use 3 s (continuation) and single-ut
 MAX_SPEECH_SECONDS = 600.0  # Eq. 11 length of the requested speech
 MAX_PROMPT_PEAK = 2.0**15  # int16 full scale: the largest sample scale a caller plausibly passes
 MAX_PROMPT_CHANNELS = 8  # a 2-D prompt is [samples, channels]; a wider one is taken for channels-first
+# a prompt quieter than this (RMS, dBFS) is silent: the ingest's default (params.yaml validation.silence_dbfs)
+SILENCE_DBFS = ValidationLimits.silence_dbfs
 
 
 class SynthesisInputError(ValueError):
@@ -81,6 +87,26 @@ class SynthesisInputError(ValueError):
 def _quote(text: str, limit: int = 40) -> str:
     """``repr`` of ``text`` cut to ``limit`` characters: one line, whatever the text holds."""
     return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def speakable(text: str) -> bool:
+    """Whether ``text`` has a word to speak: a word of the phoneme tokenizer
+    (:func:`arnar.text.analyze_words`), i.e. a token of the normalised text with a letter or digit
+    of any script, or one of the symbols it reads (``& + = @ %``). Punctuation, emoji and
+    invisible characters alone have none."""
+    return bool(analyze_words(text))
+
+
+def nothing_to_speak(what: str, text: str) -> str:
+    """The one refusal of a text without a word to speak (empty, whitespace, punctuation...)."""
+    return (f"{what}: text {_quote(text)} has no word to speak (empty, or only whitespace, punctuation, "
+            "emoji or invisible characters): nothing to speak")
+
+
+def rms_dbfs(audio: np.ndarray) -> float:
+    """RMS level of float samples in dB relative to full scale (1.0); -inf for digital silence."""
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
+    return 20.0 * math.log10(rms) if rms > 0 else -math.inf
 
 
 def item_seed(seed: int, item_id: str) -> int:
@@ -102,9 +128,9 @@ class Synthesizer:
     def __init__(self, run_dir: str | os.PathLike, *, codec: str, codec_model: str | None, bpe_model: str | os.PathLike,
                  device: str = "cpu", decoding: dict[str, Any] | None = None, checkpoint: str = "best",
                  max_text_tokens: int = MAX_TEXT_TOKENS, max_prompt_seconds: float = MAX_PROMPT_SECONDS,
-                 max_speech_seconds: float = MAX_SPEECH_SECONDS):
+                 max_speech_seconds: float = MAX_SPEECH_SECONDS, silence_dbfs: float = SILENCE_DBFS):
         from arnar.codec import load_codec
-        from arnar.text.bpe import BpeTokenizer
+        from arnar.text import load_text_tokenizer
         from arnar.train import load_model
 
         self.run_dir = Path(run_dir)
@@ -115,9 +141,9 @@ class Synthesizer:
         if codec in MULTI_CODEBOOK:  # the paradigms generate the first quantizer; decode from it alone
             options["n_codebooks"] = 1
         self.codec = load_codec(codec, **options)
-        self.bpe = BpeTokenizer.load(bpe_model)
+        self.bpe = load_text_tokenizer(bpe_model)  # BPE pieces or phonemes: the text units the run read
         self.max_text_tokens, self.max_prompt_seconds = int(max_text_tokens), float(max_prompt_seconds)
-        self.max_speech_seconds = float(max_speech_seconds)
+        self.max_speech_seconds, self.silence_dbfs = float(max_speech_seconds), float(silence_dbfs)
         if not isinstance(decoding or {}, dict):
             raise SynthesisInputError(f"decoding options must be a mapping of names to values, got {decoding!r}")
         self.decoding = dict(decoding or {})
@@ -138,7 +164,8 @@ class Synthesizer:
     # ------------------------------------------------------------------------- input checks
 
     def text_ids(self, text: str, what: str) -> torch.Tensor:
-        """BPE ids of ``text`` (``what`` names it in errors): 1 .. ``max_text_tokens`` of them."""
+        """BPE ids of ``text`` (``what`` names it in errors): a text with a word to speak, of
+        1 .. ``max_text_tokens`` BPE tokens."""
         if not isinstance(text, str):
             raise SynthesisInputError(f"{what}: expected a str, got {type(text).__name__}")
         try:  # lone surrogates: bytes of a command line that were not UTF-8 (Python's surrogateescape)
@@ -147,19 +174,19 @@ class Synthesizer:
             raise SynthesisInputError(f"{what}: not valid Unicode ({err.object[err.start]!r} at character {err.start}; "
                                       "input bytes that are not UTF-8?)") from None
         ids = self.bpe.encode(text)
-        if not ids:
-            raise SynthesisInputError(f"{what}: text {_quote(text)} has no tokens after normalisation "
-                                      "(empty, whitespace or invisible characters only): nothing to speak")
-        if len(ids) > self.max_text_tokens:
+        if len(ids) > self.max_text_tokens:  # before the words are read: a long text is refused at once
             raise SynthesisInputError(
                 f"{what}: {len(ids)} BPE tokens ({len(text)} characters, starting {_quote(text, 20)}), more than "
                 f"the {self.max_text_tokens} one synthesis takes: split it into sentences")
+        if not ids or not speakable(text):
+            raise SynthesisInputError(nothing_to_speak(what, text))
         return torch.tensor(ids, dtype=torch.long)
 
     def prompt_clip(self, prompt_audio: Any, sample_rate: Any, what: str = "prompt audio") -> np.ndarray:
         """``prompt_audio`` checked (module docstring: mono or ``[samples, channels]``, finite,
-        one codec frame .. ``max_prompt_seconds``, peak <= MAX_PROMPT_PEAK) and resampled from
-        ``sample_rate`` to the codec's rate; ``what`` names it in errors."""
+        one codec frame .. ``max_prompt_seconds``, peak <= MAX_PROMPT_PEAK, RMS level at least
+        ``silence_dbfs``) and resampled from ``sample_rate`` to the codec's rate; ``what`` names
+        it in errors."""
         from arnar.evaluate.audio import resample
 
         if (isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real)
@@ -191,6 +218,11 @@ class Synthesizer:
         if peak > MAX_PROMPT_PEAK:
             raise SynthesisInputError(f"{what}: peak amplitude {peak:.3g}; float samples belong in [-1, 1] "
                                       f"(at most {MAX_PROMPT_PEAK:g} is accepted)")
+        level = rms_dbfs(audio)
+        if level < self.silence_dbfs:
+            raise SynthesisInputError(f"{what}: silent prompt (RMS level {level:.1f} dBFS, below the "
+                                      f"{self.silence_dbfs:g} dBFS of validation.silence_dbfs): "
+                                      "it has no voice to copy")
         return resample(audio, sample_rate, self.codec.sample_rate)
 
     def read_prompt(self, path: str | os.PathLike) -> tuple[np.ndarray, int]:
@@ -202,6 +234,10 @@ class Synthesizer:
         from arnar.evaluate.audio import load_mono
 
         path = Path(path)
+        if not path.exists():
+            raise SynthesisInputError(f"{path}: the prompt audio file does not exist")
+        if path.is_dir():
+            raise SynthesisInputError(f"{path}: a folder, not a prompt audio file")
         try:
             info = sf.info(str(path))
         except Exception as err:  # libsndfile raises several types; all mean "cannot be read"
@@ -306,7 +342,6 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
     import soundfile as sf
     from tqdm import tqdm
 
-    from arnar.evaluate.audio import load_mono
     from arnar.evaluate.testlists import read_testlist
 
     items = read_testlist(Path(testlist))
@@ -315,12 +350,12 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
     rate = synth.codec.sample_rate
     records = []
     for item in tqdm(items, desc=f"synthesize {out.parent.name}/{out.name}", disable=not progress, unit="item"):
-        prompt, _ = load_mono(Path(prompts_dir) / f"{item.item_id}.wav", rate)
         continuing = item.task == "continuation"
         text = continuation_text(item.target_text, item.prompt_text) if continuing else item.target_text
         if not text.strip():
             raise SynthesisInputError(f"{testlist}: item {item.item_id} leaves no text to synthesize after its prompt")
-        try:
+        try:  # the prompt file checked as `arnar synthesize` checks one (its errors name the file)
+            prompt, _ = synth.read_prompt(Path(prompts_dir) / f"{item.item_id}.wav")
             target_frames = None
             if ground_truth_duration:
                 seconds = item.target_duration - (item.prompt_end - item.prompt_start if continuing else 0.0)

@@ -6,6 +6,12 @@
 
 ALIGN = P["alignment"]
 SPLITS = ["train", "dev", "test"]
+# The word timings the duration tokens a_n come from. Default: the aligner's. A synthesized
+# corpus may use the synthesizer's own (`train_aligner: oracle`: exact, and free at any corpus
+# size); the aligner still runs on the score splits and its accuracy is reported. The offline
+# codec's phone labels stay the aligner's: its one ARPAbet inventory for every voice (the
+# synthesizers' own phone sets differ, and a codec trained on them read 34 % WER against 26 %).
+TRAIN_ALIGNER = ALIGN["train_aligner"] or ALIGN["aligner"]
 
 
 rule align:
@@ -76,9 +82,9 @@ rule alignment_accuracy:
 rule bpe_durations:
     """a_n (end frame of every BPE token, a_L = T) at one codec frame rate, for one split."""
     input:
-        alignments=f"{DATA}/align/{ALIGN['aligner']}/{{split}}.jsonl",
+        alignments=f"{DATA}/align/{TRAIN_ALIGNER}/{{split}}.jsonl",
         cuts=f"{DATA}/manifests/{{split}}_cuts.jsonl",
-        bpe=f"{DATA}/tokenizers/bpe.model",
+        bpe=TEXT_UNITS,  # BPE pieces or phonemes (text.units)
     output:
         durations=f"{DATA}/align/durations_{{rate}}hz/{{split}}.jsonl",
         quarantine=f"{DATA}/align/durations_{{rate}}hz/{{split}}_quarantine.tsv",

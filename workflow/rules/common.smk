@@ -1,11 +1,32 @@
 # Helpers shared by the rule files.
 
+from arnar.evaluate.testlists import TASKS
+
 CORE_ENV = "../../envs/core.yaml"
 
 
+def frozen_dir(profile):
+    """The committed test lists' folder (relative to the workflow root, so a copied workflow uses its own)."""
+    return f"src/arnar/evaluate/testlists/{profile}"
+
+
 def frozen_path(profile, task):
-    """The committed test list (relative to the workflow root, so a copied workflow uses its own)."""
-    return f"src/arnar/evaluate/testlists/{profile}/{task}.tsv"
+    return f"{frozen_dir(profile)}/{task}.tsv"
+
+
+def frozen_testlists(wildcards):
+    """Input of `testlists`: the profile's committed test lists. A synth profile without them is
+    asked to freeze them (its test split is whatever the profile makes); a downloaded corpus
+    tests on a published set, so `freeze_testlists` makes them on its first build."""
+    lists = [frozen_path(PROFILE, task) for task in TASKS]
+    missing = [path for path in lists if not os.path.exists(path)]
+    if missing and P["corpus"]["name"] == "synth":
+        raise WorkflowError(
+            f"{missing[0]}: profile {PROFILE!r} has no frozen test lists, which the evaluation needs. "
+            f"Freeze them from its corpus with `snakemake --cores 1 freeze_testlists --config "
+            f"profile={PROFILE}`, then commit them (git add {frozen_dir(PROFILE)})."
+        )
+    return lists
 
 
 TRAINED_CODECS = {"offline", "offline_rvq"}  # token streams of the codec the DAG trains itself

@@ -24,29 +24,28 @@ wildcard_constraints:
     system="[a-z0-9_.]+",
     task="|".join(TASKS),
 
-_missing_lists = [t for t in TASKS if not os.path.exists(frozen_path(PROFILE, t))]
-if _missing_lists and P["corpus"]["name"] == "synth":
-    _task = _missing_lists[0]
-    raise WorkflowError(
-        f"{frozen_path(PROFILE, _task)}: no frozen {_task} test list for profile {PROFILE!r}. "
-        f"Build the corpus (snakemake --cores all data --config profile={PROFILE}), then freeze the "
-        f"lists with `arnar testlists --write --profile {PROFILE} --cuts {DATA}/manifests/test_cuts.jsonl "
-        f"...` (see README, Evaluation) and commit them."
-    )
+# The frozen test lists are committed (src/arnar/evaluate/testlists/<profile>/), and only the
+# evaluation needs them: a profile without them builds every other phase, and `freeze_testlists`
+# writes them (then commit them). The evaluation asks for that (frozen_testlists, common.smk),
+# except on a downloaded corpus (libritts, mls), whose first build freezes them on its own.
+FROZEN_LISTS = [frozen_path(PROFILE, t) for t in TASKS]
+_missing_lists = [path for path in FROZEN_LISTS if not os.path.exists(path)]
+
 if _missing_lists:
-    # A downloaded corpus (libritts, mls) has no committed lists before its first download: the
-    # first build freezes them from its test split (LibriSpeech test-clean); commit them then.
-    # The rule exists only while a list is missing, so a frozen list is never rewritten.
+    # Defined only while a list is missing, so a frozen list is never rewritten by the DAG.
     rule freeze_testlists:
-        """Freeze the test lists of a downloaded corpus on its first build (commit them)."""
+        """Freeze the profile's test lists from its test split (commit them)."""
         input:
             cuts=f"{DATA}/manifests/test_cuts.jsonl",
         output:
-            [frozen_path(PROFILE, t) for t in TASKS],
+            FROZEN_LISTS,
         params:
             frozen_dir=lambda wildcards, output: os.path.dirname(output[0]),
             seed=P["seed"],
             **{k: EVAL[k] for k in ("min_duration", "max_duration", "prompt_seconds", "max_items")},
+        message:
+            f"Freezing the {PROFILE} test lists into {frozen_dir(PROFILE)}: "
+            f"commit them (git add {frozen_dir(PROFILE)})"
         log:
             f"{LOGS}/freeze_testlists.log",
         conda:
@@ -57,12 +56,19 @@ if _missing_lists:
             " --prompt-seconds {params.prompt_seconds} --max-items {params.max_items}"
             " --seed {params.seed} 2> {log}"
 
+else:
+
+    rule freeze_testlists:
+        """The lists are frozen: nothing to do (`arnar testlists --write` rebuilds them on purpose)."""
+        input:
+            FROZEN_LISTS,
+
 
 rule testlists:
     """Rebuild the test lists from the corpus and check them against the frozen ones."""
     input:
         cuts=f"{DATA}/manifests/test_cuts.jsonl",
-        frozen=[frozen_path(PROFILE, t) for t in TASKS],
+        frozen=frozen_testlists,
     output:
         expand("{data}/eval/testlists/{task}.tsv", data=DATA, task=TASKS),
     params:
@@ -104,6 +110,7 @@ rule evaluate_system:
         system=f"{DATA}/systems/{{system}}/{{task}}",
         testlist=f"{DATA}/eval/testlists/{{task}}.tsv",
         prompts=f"{DATA}/eval/prompts/{{task}}",
+        corpus=f"{DATA}/corpus",  # speakers.tsv: WER and SIM per voice and voice group
     output:
         json=f"{RESULTS}/eval/{{system}}/{{task}}.json",
         tsv=f"{RESULTS}/eval/{{system}}/{{task}}_utterances.tsv",
@@ -121,7 +128,7 @@ rule evaluate_system:
     shell:
         "arnar evaluate --system {wildcards.system} --task {wildcards.task}"
         " --system-dir {input.system} --testlist {input.testlist} --prompts {input.prompts}"
-        " {params.asr} --sim {params.sim} {params.mos} --d-llm {params.d_llm}"
+        " --corpus {input.corpus} {params.asr} --sim {params.sim} {params.mos} --d-llm {params.d_llm}"
         " --out-json {output.json} --out-tsv {output.tsv} 2> {log}"
 
 

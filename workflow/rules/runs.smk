@@ -31,7 +31,7 @@ RUNS = {
     "palle": {"config": "palle_stage2", "init_from": "palle_stage1", "lr_scale": 1 / 9},
     # DELTA-TTS converts the trained AR baseline (delta_tts.txt 3)
     "delta": {"config": "delta", "reads": ["ar"],
-              "options": {"ar_run": "{runs}/ar", "bpe_model": "{data}/tokenizers/bpe.model"}},
+              "options": {"ar_run": "{runs}/ar", "bpe_model": "{text_units}"}},
     # Chain-of-Details models the first quantizer of the acoustic stack, temporal levels by decimation
     "cod": {"config": "cod", "stack": True, "features": True,
             "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
@@ -221,7 +221,7 @@ def hydra_overrides(wildcards, input):
     if "init_from" in spec:
         overrides.append(f"train.init_from={run_dir(spec['init_from'])}")
     for key, value in spec.get("options", {}).items():
-        overrides.append(f"paradigm.options.{key}={value.format(runs=f'{DATA}/runs', data=DATA)}")
+        overrides.append(f"paradigm.options.{key}={value.format(runs=f'{DATA}/runs', data=DATA, text_units=TEXT_UNITS)}")
     overrides += spec.get("overrides", [])
     if input.features:
         overrides += [f"data.features={input.features[0]}", f"data.dev_features={input.dev_features[0]}"]

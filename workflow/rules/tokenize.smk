@@ -57,19 +57,22 @@ rule resynthesize:
         testlist=f"{DATA}/eval/testlists/{{task}}.tsv",
         targets=f"{DATA}/systems/ground_truth/{{task}}",
         prompts=f"{DATA}/eval/prompts/{{task}}",
-        model=lambda wildcards: codec_model(wildcards.codec),
+        model=lambda wildcards: codec_model(wildcards.codec.removesuffix("_q1")),
     output:
         system=directory(f"{DATA}/systems/resynth_{{codec}}/{{task}}"),
     params:
         model=lambda wildcards, input: f"--model {input.model}" if input.model else "",
+        # offline_rvq_q1: the RVQ stack's first quantizer alone, the decoding path of Chain-of-Details
+        codec=lambda wildcards: wildcards.codec.removesuffix("_q1"),
+        n_codebooks=lambda wildcards: "--n-codebooks 1" if wildcards.codec.endswith("_q1") else "",
     wildcard_constraints:
-        codec="offline|offline_rvq|dac",
+        codec="offline|offline_rvq|offline_rvq_q1|dac",
     log:
         f"{LOGS}/resynthesize_{{codec}}_{{task}}.log",
     conda:
         CORE_ENV
     shell:
-        "arnar resynthesize --codec {wildcards.codec} {params.model} --testlist {input.testlist}"
+        "arnar resynthesize --codec {params.codec} {params.model} {params.n_codebooks} --testlist {input.testlist}"
         " --targets {input.targets} --prompts {input.prompts} --out {output.system} 2> {log}"
 
 

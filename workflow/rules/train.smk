@@ -55,7 +55,7 @@ rule train:
     """Train one run (resumes from data/<profile>/runs/<run>/checkpoints/last.pt)."""
     input:
         unpack(run_inputs),
-        bpe=f"{DATA}/tokenizers/bpe.model",
+        bpe=TEXT_UNITS,
     output:
         final=f"{DATA}/runs/{{run}}/final.pt",
         summary=f"{RESULTS}/train/{{run}}.json",
@@ -92,7 +92,7 @@ rule synthesize:
         run=lambda wildcards: f"{run_dir(PARADIGM_SYSTEMS[wildcards.system][0])}/final.pt",
         testlist=f"{DATA}/eval/testlists/{{task}}.tsv",
         prompts=f"{DATA}/eval/prompts/{{task}}",
-        bpe=f"{DATA}/tokenizers/bpe.model",
+        bpe=TEXT_UNITS,
         codec=system_codec_model,
     output:
         system=directory(f"{DATA}/systems/{{system}}/{{task}}"),
@@ -101,6 +101,7 @@ rule synthesize:
         codec=system_codec,
         decoding=system_decoding,
         seed=system_seed,
+        silence_dbfs=P["validation"]["silence_dbfs"],  # a prompt below the ingest's level is refused
     wildcard_constraints:
         system="|".join(map(re.escape, PARADIGMS)) or "none",
     threads: 1
@@ -111,7 +112,8 @@ rule synthesize:
     shell:
         "arnar synthesize --run-dir {params.run_dir} {params.codec} --bpe {input.bpe}"
         " --testlist {input.testlist} --prompts {input.prompts} --out {output.system}"
-        " --decoding '{params.decoding}' --seed {params.seed} 2> {log}"
+        " --decoding '{params.decoding}' --seed {params.seed}"
+        " --silence-dbfs {params.silence_dbfs} 2> {log}"
 
 
 rule training:

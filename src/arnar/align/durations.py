@@ -24,6 +24,12 @@ this module is that conversion, and these are its rules:
 
 Phone-level durations (for duration predictors) follow the same frame mapping: spoken phones
 in order with a ``<sil>`` entry for every gap, summing to T.
+
+**Phonemes as text units** (``text.units: phonemes``, :class:`arnar.text.PhonemeTokenizer`): the
+same rules with phones as a word's pieces, each phone an equal share of its word's speech (rule 4
+with one "character" per phone). The word separators between words (``|``, or ``<sil>`` where
+punctuation marks a pause) belong to the word before them as its last piece, as a BPE word's
+punctuation does: they get no speech and hold the pause after that word.
 """
 
 from __future__ import annotations
@@ -180,7 +186,11 @@ def bpe_durations(
     ids_words = tokenizer.encode_with_words(normalized)
     ids = [i for i, _ in ids_words]
     piece_words = [w for _, w in ids_words]
-    pieces = [tokenizer.id_to_piece(i).replace("\u2581", "") for i in ids]
+    if any(w < 0 for w in piece_words):  # phonemes: a separator is the last piece of the word before it
+        pieces = ["" if w < 0 else "p" for w in piece_words]  # one share per phone, none per separator
+        piece_words = [w if w >= 0 else piece_words[n - 1] for n, w in enumerate(piece_words)]
+    else:
+        pieces = [tokenizer.id_to_piece(i).replace("\u2581", "") for i in ids]
     spans = word_spans(normalized.split(" "), words)
     ends = bpe_end_positions(pieces, piece_words, spans, duration, total_frames)
     return BpeDurations(ids=ids, ends=ends, num_frames=total_frames)

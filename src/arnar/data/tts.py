@@ -196,18 +196,19 @@ def read_features(path: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]
 
 
 def vocab_for(tokens_dir: str | os.PathLike, bpe_model_path: str | os.PathLike) -> Vocab:
-    """The shared id space of a run: text size from the sentencepiece model, speech size from
-    the codec's codebook size in the token manifest."""
+    """The shared id space of a run: text size from its text tokenizer (sentencepiece model or
+    phoneme JSON, :func:`arnar.text.load_text_tokenizer`), speech size from the codec's codebook
+    size in the token manifest."""
     from arnar.codec.shards import TokenShardError, read_token_manifest
-    from arnar.text.bpe import BpeTokenizer
+    from arnar.text import load_text_tokenizer
 
     try:
         manifest = read_token_manifest(tokens_dir)
     except TokenShardError as err:
         raise TrainDataError(str(err)) from None
     if not Path(bpe_model_path).is_file():
-        raise TrainDataError(f"{bpe_model_path}: BPE model not found — rerun the tokenizers rule")
-    return Vocab(text_size=BpeTokenizer.load(bpe_model_path).vocab_size,
+        raise TrainDataError(f"{bpe_model_path}: text tokenizer not found — rerun the tokenizers rule")
+    return Vocab(text_size=load_text_tokenizer(bpe_model_path).vocab_size,
                  speech_size=int(manifest["codec"]["codebook_size"]))
 
 

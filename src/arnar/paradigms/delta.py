@@ -252,9 +252,9 @@ class DeltaTTS(Paradigm):
     def load_text_pieces(self, bpe_model: str) -> list[tuple[str, bool]]:
         """The sentencepiece pieces of the BPE ids (for the length rule's character weights),
         as ``(piece, is_control)`` per BPE id."""
-        from arnar.text.bpe import BpeTokenizer
+        from arnar.text import load_text_tokenizer
 
-        bpe = BpeTokenizer.load(bpe_model)
+        bpe = load_text_tokenizer(bpe_model)
         if bpe.vocab_size != self.vocab.text_size:
             raise ValueError(f"{bpe_model}: {bpe.vocab_size} pieces, but the model has {self.vocab.text_size} text ids")
         controls = {bpe.bos_id, bpe.eos_id, bpe.pad_id} - {-1}

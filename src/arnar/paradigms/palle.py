@@ -21,10 +21,19 @@ Training (one :class:`Example` per utterance: ``input_ids`` = the speech stream,
   loss is on the masked frames.
 
 Decoding (palle.txt 4.3): ``T_gen`` from the request or Eq. 11, times ``duration_multiplier``
-(Fig. 5). Stage one commits the left-most span of the still-masked frames per pass (Eqs. 12-14);
-stage two re-masks the least confident ``gamma`` quantile of the generated frames and re-predicts
-them, ``refine_steps`` times, never the same frame twice (Eqs. 15-16). One backbone pass per step:
-``steps + refine_steps`` passes (100 + 7 by default) whatever the length.
+(Fig. 5). Two rules, each with the paper's as the default and the project's earlier one as a named
+option (decoding options; the report labels a system decoded with the other one):
+
+* stage one (Eq. 14), ``stage_one_rule``: each pass commits the left-most span of the still-masked
+  frames. ``"fixed_ratio"`` (default): ``k' = min(floor(T / steps), N_left)`` with ``T`` the total
+  length, prompt + target (5.1: ``floor(0.01 T)`` at 100 steps), so a 10 s target after a 3 s prompt
+  at 25 Hz takes 84 passes, not 100. ``"even_split"``: the target split evenly over exactly
+  ``steps`` passes. See :func:`stage_one_spans`.
+* stage two (Eqs. 15-16), ``refine_rule``, ``refine_steps`` steps, never the same frame twice.
+  ``"rescore"`` (default): every step, the stage-two network scores the current sequence; the
+  least confident ``gamma`` quantile of the frames not yet refined is re-masked and re-predicted,
+  two passes a step. ``"stage_one_confidence"``: the frames are ranked once by the confidence stage
+  one committed them with, one pass a step. See :meth:`PALLE.refine`.
 
 Both networks live in this one module, ``stage_one`` and ``stage_two``; option ``stage`` says
 which one trains (the other is frozen). A stage-2 run starts from the stage-1 run's weights
@@ -59,13 +68,18 @@ from arnar.paradigms.base import (
     token_cross_entropy,
 )
 
-# palle.txt 5.1 "Inference Details": 100 stage-one steps, 7 stage-two steps at gamma = 0.05, top-p
-# with a small p (0.2-0.35) slightly better than greedy (temperature 0).
+# palle.txt 5.1 "Inference Details": 100 stage-one steps of floor(0.01 T) frames, 7 stage-two steps
+# at gamma = 0.05, top-p with a small p (0.2-0.35) slightly better than greedy (temperature 0).
+# stage_one_rule: "fixed_ratio" (Eq. 14, k' = floor(r' T) with r' = r, or 1 / steps when r is None)
+#   or "even_split" (the target split evenly over exactly ``steps`` passes); see stage_one_spans.
 # refine_steps None: 7 for a stage-2 model, 0 for a stage-1 model (whose stage two is untrained).
-# r None: stage one splits the generated frames evenly over ``steps`` passes; r set: the paper's
-# literal k' = floor(r T_gen) per pass (see :func:`stage_one_spans`).
-DECODING = {"steps": 100, "r": None, "refine_steps": None, "gamma": 0.05, "top_p": 0.3,
-            "temperature": 1.0, "duration_multiplier": 1.0}
+# refine_rule: "rescore" (Eqs. 15-16, stage two scores the current sequence every step) or
+#   "stage_one_confidence" (frames ranked once by stage one's confidence); see PALLE.refine.
+DECODING = {"steps": 100, "stage_one_rule": "fixed_ratio", "r": None, "refine_steps": None,
+            "refine_rule": "rescore", "gamma": 0.05, "top_p": 0.3, "temperature": 1.0,
+            "duration_multiplier": 1.0}
+STAGE_ONE_RULES = ("fixed_ratio", "even_split")
+REFINE_RULES = ("rescore", "stage_one_confidence")
 REFINE_STEPS = 7
 PINNED = 1.0  # confidence given to refined frames (Eq. 16 ranks log-probabilities <= 0): never again lowest
 
@@ -128,33 +142,42 @@ def refine_mask(T: int, generator: torch.Generator, prompt_ratio: float = 0.3, p
 
 # ----------------------------------------------------------------------------- decoding schedules
 
-def stage_one_spans(n_generate: int, steps: int, r: float | None = None, total_frames: int | None = None) -> list[int]:
+def stage_one_spans(n_generate: int, steps: int, total_frames: int | None = None, *,
+                    rule: str = "fixed_ratio", r: float | None = None) -> list[int]:
     """How many frames each stage-one pass commits (left to right); sums to ``n_generate``.
 
-    ``r is None`` (default): the ``n_generate`` frames are split evenly over exactly ``steps``
-    passes (sizes differ by at most one): each pass commits the fixed proportion ``1/steps`` of
-    the target that gives PAR its constant number of steps (palle.txt 5.1, 5.4: "100 steps per
-    sample", "each span covers a fixed proportion of the target sequence"). Fewer than ``steps``
-    frames take one pass per frame.
+    ``rule="fixed_ratio"`` (default, Eq. 14 and 5.1): every pass commits
+    ``k' = min(floor(r' T), N_left)`` frames, ``T = total_frames`` the total length (prompt +
+    target, ``n_generate`` when not given), ``N_left`` the frames still masked, ``r' = r`` or
+    ``1 / steps`` when ``r`` is None (5.1: "100 steps ... each generating a span of size
+    floor(0.01 T)"), and ``k' >= 1``. The passes run until every frame is committed (4.3: "until
+    all the tokens are generated"): ``ceil(n_generate / k')``, fewer than ``steps`` when the prompt
+    covers the frames that ``floor`` rounds away (a 3 s prompt + 10 s target at 25 Hz: T = 325,
+    k' = 3, 84 passes), more only when it does not (T = 199 after a 60-frame prompt: k' = 1, 139
+    passes); always under ``2 steps``.
 
-    ``r`` given: the literal rule of Eqs. 4 and 14, ``k' = min(floor(r T_gen), N_left)`` with
-    ``T_gen = total_frames`` (prompt + target, Eq. 11's notation) and ``k' >= 1``; since ``floor``
-    rounds down, ``1/r`` passes may not reach the end, so the ``steps``-th pass commits the rest
-    (``steps`` is then an upper bound)."""
+    ``rule="even_split"`` (the project's earlier default): the ``n_generate`` frames are split
+    evenly over exactly ``steps`` passes (sizes differ by at most one); fewer than ``steps`` frames
+    take one pass per frame. ``r`` must then be None."""
     if n_generate < 0 or steps < 1:
         raise ValueError(f"need n_generate >= 0 and steps >= 1, got {n_generate}, {steps}")
-    if r is None:
+    if rule == "even_split":
+        if r is not None:
+            raise ValueError("stage_one_rule 'even_split' takes no commit ratio r (it splits over `steps`)")
         passes = min(steps, n_generate)
         return [(i + 1) * n_generate // passes - i * n_generate // passes for i in range(passes)]
-    if not 0.0 < r < 1.0:
+    if rule != "fixed_ratio":
+        raise ValueError(f"stage_one_rule must be one of {STAGE_ONE_RULES}, got {rule!r}")
+    T = total_frames if total_frames is not None else n_generate
+    if r is None:
+        span = T // steps  # floor(T / steps) exactly, no floating point
+    elif 0.0 < r < 1.0:
+        span = _floor(r, T)
+    else:
         raise ValueError(f"the commit ratio r must be in (0, 1), got {r}")
-    span = max(1, _floor(r, total_frames if total_frames is not None else n_generate))
-    spans, left = [], n_generate
-    while left > 0:
-        size = left if len(spans) == steps - 1 else min(span, left)
-        spans.append(size)
-        left -= size
-    return spans
+    span = max(1, span)
+    full, rest = divmod(n_generate, span)
+    return [span] * full + ([rest] if rest else [])
 
 
 def quantile_count(n: int, gamma: float) -> int:
@@ -164,6 +187,11 @@ def quantile_count(n: int, gamma: float) -> int:
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
     return 0 if n <= 0 else math.floor(gamma * (n - 1) + _EPS) + 1
+
+
+def log_max_probability(logits: torch.Tensor) -> torch.Tensor:
+    """Confidence of Eq. 16, ``log P^max``: the log of the largest probability of each row."""
+    return logits.log_softmax(-1).max(-1).values
 
 
 def lowest_confidence(confidence: torch.Tensor, count: int) -> torch.Tensor:
@@ -335,23 +363,87 @@ class PALLE(Paradigm):
         if opts["refine_steps"] > 0 and self.stage == 1:
             raise ValueError("this is a stage-1 model: its stage two was never trained; decode with "
                              "refine_steps=0 or use the stage-2 run")
+        if opts["stage_one_rule"] not in STAGE_ONE_RULES:
+            raise ValueError(f"stage_one_rule must be one of {STAGE_ONE_RULES}, got {opts['stage_one_rule']!r}")
+        if opts["refine_rule"] not in REFINE_RULES:
+            raise ValueError(f"refine_rule must be one of {REFINE_RULES}, got {opts['refine_rule']!r}")
         if not opts["duration_multiplier"] > 0:
             raise ValueError(f"duration_multiplier must be > 0, got {opts['duration_multiplier']}")
         quantile_count(1, opts["gamma"])  # validates gamma
         return opts
 
-    def _predict(self, network: PalleNetwork, speech: torch.Tensor, text: torch.Tensor, at: torch.Tensor,
-                 generator: torch.Generator, opts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass of ``network`` over the whole sequence; sampled speech ids at frames ``at`` and
-        their confidence ``log P^max`` (Eq. 16). Sampling runs on the CPU, where the caller's
-        generator lives (the same draws on any device)."""
+    def _speech_logits(self, network: PalleNetwork, speech: torch.Tensor, text: torch.Tensor,
+                       at: torch.Tensor) -> torch.Tensor:
+        """One pass of ``network`` over the whole sequence -> float logits ``[len(at), V]`` at
+        frames ``at``, on the CPU, every id but the speech ids at -inf."""
         S = len(speech)
         hidden = network.hidden(speech[None], text[None], torch.arange(S, device=speech.device)[None],
                                 torch.ones(1, S, S, dtype=torch.bool, device=speech.device))
         logits = network.head(hidden[0, at.to(speech.device)]).float().cpu()
-        logits = restrict_logits(logits, self.vocab.is_speech(torch.arange(self.vocab.size)))
+        return restrict_logits(logits, self.vocab.is_speech(torch.arange(self.vocab.size)))
+
+    def _predict(self, network: PalleNetwork, speech: torch.Tensor, text: torch.Tensor, at: torch.Tensor,
+                 generator: torch.Generator, opts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of ``network``; sampled speech ids at frames ``at`` and their confidence
+        ``log P^max`` (Eq. 16). Sampling runs on the CPU, where the caller's generator lives (the
+        same draws on any device)."""
+        logits = self._speech_logits(network, speech, text, at)
         ids, _ = sample_tokens(logits, generator, temperature=float(opts["temperature"]), top_p=float(opts["top_p"]))
-        return ids, logits.log_softmax(-1).max(-1).values
+        return ids, log_max_probability(logits)
+
+    def commit_spans(self, speech: torch.Tensor, text: torch.Tensor, n_prompt: int, spans: list[int],
+                     generator: torch.Generator, opts: dict[str, Any]) -> torch.Tensor:
+        """Stage one (Eq. 14), in place on ``speech`` (prompt codes then ``<mask>``): each pass
+        predicts every frame and commits the left-most ``span`` still-masked frames. Returns the
+        confidence ``log P^max`` each generated frame was committed with ``[T_gen]``."""
+        confidence = torch.zeros(sum(spans))
+        start = n_prompt
+        for span in spans:
+            at = torch.arange(start, start + span)
+            ids, conf = self._predict(self.stage_one, speech, text, at, generator, opts)
+            speech[at.to(speech.device)] = ids.to(speech.device)  # shared ids, sampled among the speech ids
+            confidence[at - n_prompt] = conf
+            start += span
+        return confidence
+
+    def refine(self, speech: torch.Tensor, text: torch.Tensor, n_prompt: int, stage_one_confidence: torch.Tensor,
+               generator: torch.Generator, opts: dict[str, Any]) -> int:
+        """Stage two (Eqs. 15-16), in place on ``speech`` (prompt + stage one's output); returns the
+        number of refined frames. Each of the ``refine_steps`` steps re-masks the ``count =``
+        :func:`quantile_count` ``(T_gen, gamma)`` least confident generated frames (the frames at or
+        below the ``gamma`` quantile of the confidence vector, 5 of 100 at gamma 0.05), re-predicts
+        them with the stage-two network in one pass and pins them: their confidence becomes
+        ``PINNED`` = 1, above any log-probability, so no frame is refined twice. Which confidence:
+
+        * ``refine_rule="rescore"`` (default, the paper): at every step the stage-two network scores
+          the current sequence (Eq. 15, one pass with nothing masked), ``C = log P^max`` at every
+          generated frame (Eq. 16), and pinned frames keep ``PINNED``. Two passes per step: the
+          score, then the re-prediction of the re-masked frames. (The paper's update, written like
+          Eq. 14, could be read as taking the new tokens from the scoring pass itself; the network
+          is trained to predict masked frames only (Eq. 10), so they are re-predicted masked.)
+        * ``refine_rule="stage_one_confidence"``: the confidence each frame was committed with in
+          stage one, fixed before the first step, so the steps walk one list. One pass per step.
+          (Its reason: under Eq. 10 the loss is on masked frames only, so a network's output at a
+          visible frame, which is what "rescore" ranks, is never a training target.)
+        """
+        rule, count = opts["refine_rule"], quantile_count(len(stage_one_confidence), float(opts["gamma"]))
+        generated = torch.arange(n_prompt, len(speech))
+        pinned = torch.zeros(len(stage_one_confidence), dtype=torch.bool)
+        for _ in range(int(opts["refine_steps"])):
+            n_open = int((~pinned).sum())
+            if n_open == 0:
+                break
+            if rule == "rescore":
+                confidence = log_max_probability(self._speech_logits(self.stage_two, speech, text, generated))
+            else:
+                confidence = stage_one_confidence
+            chosen = lowest_confidence(confidence.masked_fill(pinned, PINNED), min(count, n_open))
+            at = (chosen + n_prompt).to(speech.device)
+            speech[at] = MASK
+            ids, _ = self._predict(self.stage_two, speech, text, chosen + n_prompt, generator, opts)
+            speech[at] = ids.to(speech.device)
+            pinned[chosen] = True
+        return int(pinned.sum())
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
@@ -372,37 +464,10 @@ class PALLE(Paradigm):
         text = padded_text(self.vocab, torch.cat([request.prompt_text, request.text]), total).to(device)
         speech = torch.cat([self.vocab.speech(request.prompt_speech),
                             torch.full((n_generate,), MASK, dtype=torch.long)]).to(device)
-        confidence = torch.zeros(n_generate)  # log P^max of each frame when it was last predicted
         passes_before = self.stage_one.passes + self.stage_two.passes
-
-        # stage one (Eq. 14): each pass predicts everything, keeps the left-most span of masked frames
-        start = n_prompt
-        spans = stage_one_spans(n_generate, int(opts["steps"]), opts["r"], total)
-        for span in spans:
-            at = torch.arange(start, start + span)
-            ids, conf = self._predict(self.stage_one, speech, text, at, generator, opts)
-            speech[at.to(device)] = ids.to(device)  # shared ids, sampled among the speech ids only
-            confidence[at - n_prompt] = conf
-            start += span
-
-        # stage two (Eqs. 15-16): re-mask the least confident gamma quantile of the generated frames,
-        # re-predict them, pin them (confidence 1 > any log-probability) so none is refined twice.
-        # Ranking uses the confidence each frame got when it was last predicted *from a masked
-        # input* (stage one's commit, then the refinement): under Eq. 10 the loss is on masked
-        # frames only, so a network's output at a visible frame is untrained and says nothing.
-        count = quantile_count(n_generate, float(opts["gamma"]))
-        refined = 0
-        for _ in range(int(opts["refine_steps"])):
-            n_open = int((confidence < PINNED).sum())
-            if n_open == 0:
-                break
-            chosen = lowest_confidence(confidence, min(count, n_open))
-            at = chosen + n_prompt
-            speech[at.to(device)] = MASK
-            ids, _ = self._predict(self.stage_two, speech, text, at, generator, opts)
-            speech[at.to(device)] = ids.to(device)
-            confidence[chosen] = PINNED
-            refined += len(chosen)
+        spans = stage_one_spans(n_generate, int(opts["steps"]), total, rule=opts["stage_one_rule"], r=opts["r"])
+        confidence = self.commit_spans(speech, text, n_prompt, spans, generator, opts)
+        refined = self.refine(speech, text, n_prompt, confidence, generator, opts)
 
         passes = self.stage_one.passes + self.stage_two.passes - passes_before
         codes = self.vocab.speech_codes(speech[n_prompt:].cpu())
@@ -410,6 +475,8 @@ class PALLE(Paradigm):
             "target_frames": n_generate,
             "length_from": "given" if given else "eq11",
             "extended_to_fit_text": text_fit,
+            "stage_one_rule": opts["stage_one_rule"],
+            "refine_rule": opts["refine_rule"],
             "stage_one_passes": len(spans),
             "refine_passes": passes - len(spans),
             "refined_frames": refined,

@@ -1,5 +1,8 @@
 """Text tokenizers: one normalisation, a sentencepiece BPE tokenizer and a CMUdict phoneme one."""
 
+import os
+from pathlib import Path
+
 from arnar.text.bpe import BpeError, BpeTokenizer, VocabSizeClampedWarning, train_bpe
 from arnar.text.normalize import TokenizerError, normalize_text
 from arnar.text.phonemes import (
@@ -10,6 +13,18 @@ from arnar.text.phonemes import (
     cmudict_load_seconds,
     g2p,
 )
+
+
+
+def load_text_tokenizer(path: str | os.PathLike) -> "BpeTokenizer | PhonemeTokenizer":
+    """The text units a run reads: a sentencepiece model (``bpe.model``) or a phoneme tokenizer
+    (``phonemes.json``), told apart by the file's suffix. Both answer ``vocab_size``,
+    ``encode(text)``, ``encode_with_words(text)`` and ``id_to_piece(id)``."""
+    path = Path(path)
+    if path.suffix == ".json":
+        return PhonemeTokenizer.load(path)
+    return BpeTokenizer.load(path)
+
 
 __all__ = [
     "BpeError",
@@ -22,6 +37,7 @@ __all__ = [
     "analyze_words",
     "cmudict_load_seconds",
     "g2p",
+    "load_text_tokenizer",
     "normalize_text",
     "train_bpe",
 ]

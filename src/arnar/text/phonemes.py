@@ -527,6 +527,12 @@ class PhonemeTokenizer:
     def boundary_id(self) -> int:
         return self._ids[WORD_BOUNDARY]
 
+    # sentencepiece's names, so that a run reads either tokenizer (arnar.text.load_text_tokenizer)
+    bos_id = eos_id = -1  # no sentence markers: the paradigms add their own
+
+    def id_to_piece(self, i: int) -> str:
+        return self._symbols[int(i)]
+
     # -- coding --------------------------------------------------------------------------------
     def g2p(self, text: str) -> list[list[str]]:
         return g2p(text)
