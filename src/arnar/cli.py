@@ -313,6 +313,20 @@ def cmd_resynthesize(args: argparse.Namespace) -> None:
     log.info("resynthesized %d items with %s", len(items), args.codec)
 
 
+def cmd_ladder(args: argparse.Namespace) -> None:
+    """The teacher-forced rung of the diagnostic ladder (arnar.evaluate.ladder): a next-token run
+    fed the true prompt and target tokens; its argmax predictions decoded to audio."""
+    from arnar.evaluate.ladder import teacher_forced_testlist
+    from arnar.synthesize import Synthesizer
+
+    synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
+                        device=args.device, checkpoint=args.checkpoint)
+    try:
+        teacher_forced_testlist(synth, args.testlist, args.prompts, args.targets, args.out)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
 def cmd_synthesize(args: argparse.Namespace) -> None:
     """A trained paradigm speaks a frozen test list (or one sentence) through the codec."""
     import soundfile as sf
@@ -499,6 +513,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_resynthesize)
+
+    p = sub.add_parser("ladder", help="teacher-forced rung of the diagnostic ladder: a next-token run fed the "
+                       "true tokens, its argmax predictions decoded (evaluate it like any system)")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--checkpoint", default="best")
+    p.add_argument("--codec", required=True)
+    p.add_argument("--codec-model")
+    p.add_argument("--bpe", required=True, help="the text units the run read (bpe.model or phonemes.json)")
+    p.add_argument("--testlist", required=True)
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--targets", required=True, help="ground-truth system folder of the task")
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_ladder)
 
     p = sub.add_parser("synthesize", help="speak text (or a whole test list) with a trained paradigm")
     p.add_argument("--run-dir", required=True, help="a training run (data/<profile>/runs/<paradigm>)")

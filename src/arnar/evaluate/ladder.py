@@ -1,0 +1,119 @@
+"""The teacher-forced rung of the diagnostic ladder: where between the codec and free-running
+decoding are the words lost?
+
+The ladder reads one test list four ways, each judged by the same ASR:
+
+1. ground truth (``systems/ground_truth``);
+2. the codec fed the ground-truth tokens (``systems/resynth_<codec>``): the ceiling of every
+   paradigm that decodes through it;
+3. **teacher-forced** (this module): the model is fed the true prompt *and* the true target
+   tokens and predicts each target token from the true history; its argmax predictions are
+   decoded to audio. What is lost here the model has not learned to map from text to tokens,
+   whatever the decoding loop does;
+4. free-running (the paradigm's own ``generate``, the ``synthesize`` rule's output).
+
+The sequence is the one the model decodes at test time (the prompt's transcript and speech as a
+prefix, cross-sentence or continuation alike), so the rung measures the test layout, not the
+training one. Teacher forcing is defined for next-token paradigms (``ar``): each target token is
+predicted from the true tokens before it. A masked paradigm predicts what is masked from what is
+not, so there is no single teacher-forced reading of it; it is refused with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+TEACHER_FORCED = ("ar",)  # paradigms whose every target token is predicted from the true history
+
+
+def teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torch.Tensor,
+                         prompt_speech: torch.Tensor, target_speech: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Argmax prediction of each target code from the true history, and the share that is right.
+
+    ``text`` / ``prompt_text``: text-unit ids (not offset); ``prompt_speech`` / ``target_speech``:
+    codes. The AR layout is ``<sos> x_ref x_gen <turn> c_ref c_gen``; the output at the position
+    before each target code predicts it. The argmax is taken over speech codes only (``<eos>``
+    is not a frame)."""
+    from arnar.paradigms.ar import ar_sequence
+
+    if model.name not in TEACHER_FORCED:
+        raise ValueError(f"teacher forcing is defined for next-token paradigms {TEACHER_FORCED}; "
+                         f"{model.name!r} predicts masked tokens from unmasked ones (no single teacher-forced reading)")
+    vocab = model.vocab
+    sequence = ar_sequence(vocab, torch.cat([prompt_text, text]), torch.cat([prompt_speech, target_speech]))[:-1]
+    device = model.embed.weight.device
+    with torch.no_grad():
+        logits = model.logits(sequence[None].to(device), torch.arange(len(sequence), device=device)[None])[0]
+    # position i predicts token i + 1; the target codes are the last len(target_speech) tokens
+    n = len(target_speech)
+    predicting = logits[len(sequence) - n - 1: len(sequence) - 1, vocab.speech_offset:]
+    codes = predicting.argmax(-1).cpu()
+    accuracy = float((codes == target_speech.long()).float().mean()) if n else 0.0
+    return codes, accuracy
+
+
+def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
+                            targets_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                            progress: bool = True) -> dict[str, Any]:
+    """Every item of a test list -> ``out_dir/<item_id>.wav`` decoded from the teacher-forced
+    codes (the target part only; a continuation item keeps its prompt audio in front, as
+    synthesis does), plus ``ladder.json``: per-item and mean teacher-forced token accuracy.
+
+    ``synth``: an :class:`arnar.synthesize.Synthesizer` (the run, its codec and text units);
+    ``targets_dir``: the task's ground-truth system folder (``<item_id>.wav``, prompt included for
+    continuation items, as the evaluation reads them)."""
+    import soundfile as sf
+    from tqdm import tqdm
+
+    from arnar.evaluate.audio import load_mono
+    from arnar.evaluate.testlists import read_testlist
+    from arnar.synthesize import continuation_text
+
+    items = read_testlist(Path(testlist))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rate = synth.codec.sample_rate
+    per_item = []
+    for item in tqdm(items, desc=f"teacher-forced {out.name}", disable=not progress, unit="item"):
+        continuing = item.task == "continuation"
+        text = continuation_text(item.target_text, item.prompt_text) if continuing else item.target_text
+        prompt, _ = synth.read_prompt(Path(prompts_dir) / f"{item.item_id}.wav")
+        target_path = Path(targets_dir) / f"{item.item_id}.wav"
+        if not target_path.exists():
+            raise FileNotFoundError(f"{target_path}: the ground-truth audio of item {item.item_id} does not exist")
+        target, _ = load_mono(target_path, rate)
+        if continuing:  # the ground-truth file holds prompt + continuation; the model predicts the rest
+            target = target[len(prompt):]
+        prompt_codes = synth.prompt_codes(prompt)
+        target_codes = torch.as_tensor(synth.codec.encode([target], rate)[0][0], dtype=torch.long)
+        codes, accuracy = teacher_forced_codes(synth.model, synth.text_ids(text, "text"),
+                                               synth.text_ids(item.prompt_text, "prompt text"),
+                                               prompt_codes, target_codes)
+        audio = synth._decode(codes.numpy()[None].astype(np.int64), prompt, prompt_codes)
+        if continuing:
+            audio = np.concatenate([prompt.astype(np.float32), audio])
+        tmp = out / f".tmp.{item.item_id}.wav"
+        sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
+        os.replace(tmp, out / f"{item.item_id}.wav")
+        per_item.append({"item_id": item.item_id, "frames": len(target_codes), "accuracy": accuracy})
+    frames = sum(r["frames"] for r in per_item)
+    summary = {
+        "rung": "teacher_forced",
+        "run_dir": str(synth.run_dir),
+        "items": len(per_item),
+        # frame-weighted: the share of all target frames predicted right
+        "accuracy": sum(r["accuracy"] * r["frames"] for r in per_item) / frames if frames else 0.0,
+        "per_item": per_item,
+    }
+    (out / "ladder.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    log.info("teacher-forced %d items -> %s (token accuracy %.1f %%)", len(per_item), out, 100 * summary["accuracy"])
+    return summary
