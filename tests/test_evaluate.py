@@ -90,19 +90,37 @@ def test_frozen_list_round_trip_and_mismatch(tmp_path):
 
 
 def test_speed_summary_worked_example():
-    # two items of 4 s and 6 s; token stage 1 s + 2 s -> RTF 3 / 10 = 0.3
-    # FPL-A 0.2 and 0.4 -> 0.3; waiting for 2 text tokens at 25 ms adds 0.05 -> FPL-L 0.35
+    """Two timing records as `arnar synthesize` writes them, a SyncSpeech one and an AR one, their
+    figures worked out by hand (d_LLM = 25 ms)."""
     timing = {
-        "x": {"item_id": "x", "token_seconds": 1.0, "fpl_a": 0.2, "text_tokens_waited": 2, "forward_passes": 10},
-        "y": {"item_id": "y", "token_seconds": 2.0, "fpl_a": 0.4, "text_tokens_waited": 2, "forward_passes": 20},
+        # SyncSpeech, q = 1, 12 text tokens: it starts after q + 1 = 2 of them; its first packet
+        # took c = 4 passes (FPL-A 0.2 s, so d_TTS = 0.05 s) and was complete once 5 text tokens had
+        # been read; the codec decoded that packet in 0.03 s
+        "x": {"item_id": "x", "token_seconds": 1.0, "fpl_a": 0.2, "first_packet_decode_seconds": 0.03,
+              "text_tokens_to_start": 2, "text_tokens_waited": 5, "first_packet_passes": 4, "forward_passes": 13},
+        # AR, 8 text tokens: it reads the whole text before its first pass (to start = waited = 8)
+        "y": {"item_id": "y", "token_seconds": 2.0, "fpl_a": 0.4, "first_packet_decode_seconds": 0.05,
+              "text_tokens_to_start": 8, "text_tokens_waited": 8, "first_packet_passes": 15, "forward_passes": 20},
     }
     summary = speed_summary(timing, {"x": 4.0, "y": 6.0}, d_llm=0.025)
+    # token stage 1 s + 2 s over 4 s + 6 s of audio
     assert summary["rtf_token_stage"] == pytest.approx(0.3)
     assert "rtf_end_to_end" not in summary  # no item reported total_seconds
-    assert summary["fpl_a"] == pytest.approx(0.3)
-    assert summary["fpl_l"] == pytest.approx(0.35)
-    assert summary["forward_passes"] == 15
+    assert summary["fpl_a"] == pytest.approx(0.3)  # (0.2 + 0.4) / 2: the token stage only
+    assert summary["first_packet_decode"] == pytest.approx(0.04)  # (0.03 + 0.05) / 2, a column of its own
+    # FPL-L, Eq. 7: x (q + 1) d_LLM + c d_TTS = 2 x 0.025 + 4 x 0.05 = 0.25;
+    # y, all its text first: 8 x 0.025 + 0.4 = 0.6; mean 0.425
+    assert summary["fpl_l"] == pytest.approx(0.425)
+    # waited: x 5 x 0.025 + 0.2 = 0.325; y 0.6 as above; mean 0.4625
+    assert summary["fpl_l_waited"] == pytest.approx(0.4625)
+    assert summary["forward_passes"] == 16.5
     assert speed_summary({}, {}, 0.025) is None
+    # a record written before text_tokens_to_start existed (its fpl_a included the codec): FPL-A
+    # only, no FPL-L figure of either kind from it
+    old = {"x": {"item_id": "x", "token_seconds": 1.0, "fpl_a": 0.2, "text_tokens_waited": 2}}
+    summary = speed_summary(old, {"x": 4.0}, d_llm=0.025)
+    assert summary["fpl_a"] == pytest.approx(0.2)
+    assert not {"fpl_l", "fpl_l_waited", "first_packet_decode"} & set(summary)
 
 
 def test_evaluate_system_with_offline_backends(tmp_path):

@@ -57,7 +57,7 @@ def test_comparison_rows_show_mean_and_spread_over_seeds():
                     runs={"ar": "ar"})
     table = comparison_table(results, layout, {"ar": 2_350_000})
     assert "| ground_truth | – | 5.00 | 5.00 | 0.900 ±" not in table  # one seed: no spread
-    assert "| ar | 2.35M | 12.00 ± 2.00 | 12.00 ± 2.00 | 0.900 ± 0.000 | – | 0.200 | 0.210 | 0.100 | – | 92.0 | 0 |" \
+    assert "| ar | 2.35M | 12.00 ± 2.00 | 12.00 ± 2.00 | 0.900 ± 0.000 | – | 0.200 | 0.210 | 0.100 | – | – | 92.0 | 0 |" \
         in table
     assert "mean ± standard deviation over 3 synthesis seeds" in table
     assert "ar_seed2" not in table

@@ -13,7 +13,19 @@ import torch
 
 from arnar.evaluate.metrics import ForwardPassCounter, fpl_l, syncspeech_fpl_l
 from arnar.paradigms import build_paradigm
-from arnar.paradigms.base import IGNORE, MASK, N_SPECIAL, SPECIAL_NAMES, SynthesisRequest, Utterance, Vocab, collate
+from arnar.paradigms.base import (
+    EOS,
+    IGNORE,
+    MASK,
+    PAD,
+    SOS,
+    SPEECH_BOS,
+    TURN,
+    SynthesisRequest,
+    Utterance,
+    Vocab,
+    collate,
+)
 from arnar.paradigms.syncspeech import (
     DURATION,
     END_OF_TEXT,
@@ -66,9 +78,17 @@ def model(**options):
 
 # ----------------------------------------------------------------------------- layouts
 
-def test_markers_use_the_spare_special_ids():
-    assert (END_OF_TEXT, DURATION) == (6, 7)
-    assert SPECIAL_NAMES[6] == "<spare6>" and SPECIAL_NAMES[7] == "<spare7>" and N_SPECIAL == 8
+def test_markers_are_no_other_token():
+    """E and D must be ids that no text token, speech code or base special token (the mask among
+    them) is ever mapped to, else a marker would read as a word or a frame. With VOCAB, worked
+    out by hand: specials 0..7, text 8..17, speech 18..37."""
+    text_ids = set(VOCAB.text(torch.arange(10)).tolist())
+    speech_ids = set(VOCAB.speech(torch.arange(20)).tolist())
+    assert text_ids == set(range(8, 18)) and speech_ids == set(range(18, 38))
+    base_specials = {PAD, SOS, TURN, EOS, MASK, SPEECH_BOS}
+    assert len({END_OF_TEXT, DURATION}) == 2
+    assert not {END_OF_TEXT, DURATION} & (text_ids | speech_ids | base_specials)
+    assert max(END_OF_TEXT, DURATION) < VOCAB.text_offset  # inside the special block of every vocabulary
 
 
 def test_finetune_sequence_paper_example_n2_q1():
@@ -245,6 +265,44 @@ def test_options_and_configs():
             Utterance("u", "s", torch.tensor([1]), torch.tensor([1, 2])), torch.Generator())
 
 
+def test_finetuning_starts_from_the_pretrained_network(tmp_path):
+    """train.init_from (syncspeech.txt 2.3: pre-training, then fine-tuning): the two stages' configs
+    differ only in ``stage``, so the pre-trained state dict fits the fine-tuning model exactly,
+    duration head and the E / D embeddings included; loaded, the fine-tuning model computes what the
+    pre-trained one does. A duration head of another size is refused by name."""
+    from omegaconf import OmegaConf
+
+    from arnar.train import Distributed, TrainError, _init_from, compose_config
+
+    pre, fine = (OmegaConf.to_container(compose_config([f"paradigm={name}", "model=tiny"]).paradigm.options)
+                 for name in ("syncspeech_pretrain", "syncspeech"))
+    assert pre.pop("stage") == "pretrain" and fine.pop("stage") == "finetune"
+    assert pre == fine
+    torch.manual_seed(1)
+    pretrained = build_paradigm("syncspeech", VOCAB, TINY, stage="pretrain", **pre).eval()
+    with torch.no_grad():
+        for weight in pretrained.parameters():
+            weight.normal_(std=0.5)
+    torch.save({"model": pretrained.state_dict(), "vocab": VOCAB.to_dict(), "step": 7, "paradigm": "syncspeech"},
+               tmp_path / "final.pt")
+    torch.manual_seed(2)
+    finetuned = build_paradigm("syncspeech", VOCAB, TINY, stage="finetune", **fine).eval()
+    assert not torch.equal(finetuned.embed.weight[[E, D]], pretrained.embed.weight[[E, D]])
+    _init_from(finetuned, tmp_path, VOCAB, Distributed())
+    loaded, saved = finetuned.state_dict(), pretrained.state_dict()
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
+    layout, _ = finetune_sequence(VOCAB, PAPER_TEXT, PAPER_SPEECH, PAPER_ENDS, n=2, q=1)
+    mask = hybrid_attention_mask(layout)[None]
+    with torch.no_grad():
+        hidden = [net.backbone(net.embed(layout.input_ids[None]), layout.position_ids[None], mask)[0]
+                  for net in (pretrained, finetuned)]
+        assert torch.equal(pretrained.duration_head(hidden[0]), finetuned.duration_head(hidden[1]))
+        assert torch.equal(pretrained.head(hidden[0]), finetuned.head(hidden[1]))
+    other = build_paradigm("syncspeech", VOCAB, TINY, **{**fine, "max_duration": fine["max_duration"] + 1})
+    with pytest.raises(TrainError, match="does not fit"):
+        _init_from(other, tmp_path, VOCAB, Distributed())
+
+
 # ----------------------------------------------------------------------------- decoding
 
 def test_uniform_prompt_ends_and_durations():
@@ -362,18 +420,118 @@ def test_streaming_starts_after_q_plus_1_tokens_and_reads_one_per_pass():
     assert [s.text_tokens_read for s in steps] == [1, 1] and steps[-1].forward_passes == 2
 
 
-def test_first_packet_info_with_oracle_durations():
+class SimulatedTime:
+    """A clock that moves only when told: ``pass_seconds`` per backbone call (a forward hook on
+    ``net``), and by what ``sleep`` is asked to wait. Latencies measured on it are exact."""
+
+    def __init__(self, net, pass_seconds: float):
+        self.now = 0.0
+        self.pass_seconds = pass_seconds
+        self.hook = net.backbone.register_forward_hook(lambda *_: self.sleep(self.pass_seconds))
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.hook.remove()
+
+
+def test_first_packet_info_with_oracle_durations(monkeypatch):
+    import types
+
+    import arnar.paradigms.syncspeech as syncspeech
+
     net = model(q=1)
     request = SynthesisRequest(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6]), torch.tensor([1, 2, 3]),
                                text_ends=torch.tensor([2, 4, 6, 8, 10]))
-    out = net.generate(request, torch.Generator().manual_seed(0), chunk_size=5)
+    with SimulatedTime(net, pass_seconds=0.01) as simulated:  # 10 ms a pass: d_TTS = 0.01
+        monkeypatch.setattr(syncspeech, "time", types.SimpleNamespace(perf_counter=simulated.clock))
+        out = net.generate(request, torch.Generator().manual_seed(0), chunk_size=5)
     # 2 frames per pass: 5 tokens exist after the third speech pass (pass 4 with the first),
-    # which needed y_{3+q} = y4
+    # which needed y_{3+q} = y4; the first pass needed y1, y2 (q + 1)
     assert len(out.speech) == 10 and out.forward_passes == 6
     assert out.first_packet_passes == 4
-    assert out.info["text_tokens_waited"] == 4 and out.info["chunk_size"] == 5
-    assert 0 < out.info["first_packet_seconds"]
-    assert syncspeech_fpl_l(1, 4, 0.01) == pytest.approx(2 * 0.025 + 4 * 0.01)  # Eq. 7 for this run
+    assert out.info["text_tokens_to_start"] == 2 and out.info["text_tokens_waited"] == 4
+    assert out.info["chunk_size"] == 5 and out.info["prompt_ends"] == "uniform"
+    # FPL-A: c = 4 passes of 10 ms
+    assert out.info["first_packet_seconds"] == pytest.approx(0.04)
+    # Eq. 7 at d_LLM = 25 ms: (q + 1) x 0.025 + c x 0.01 = 0.05 + 0.04 = 0.09, as the evaluation
+    # computes it from the record (text_tokens_to_start x d_LLM + FPL-A); the waited figure
+    # 4 x 0.025 + 0.04 = 0.14
+    assert syncspeech_fpl_l(q=1, c=out.first_packet_passes, d_tts=0.01) == pytest.approx(0.09)
+    assert fpl_l(out.info["first_packet_seconds"], out.info["text_tokens_to_start"]) == pytest.approx(0.09)
+    assert fpl_l(out.info["first_packet_seconds"], out.info["text_tokens_waited"]) == pytest.approx(0.14)
+    # q = 2 starts after 3 tokens; a text shorter than q + 1 starts when it ends
+    assert model(q=2).generate(request, torch.Generator(), chunk_size=5).info["text_tokens_to_start"] == 3
+    short = SynthesisRequest(torch.tensor([1]), torch.tensor([6]), torch.tensor([1, 2, 3]), text_ends=torch.tensor([2]))
+    assert model(q=2).generate(short, torch.Generator(), chunk_size=5).info["text_tokens_to_start"] == 1
+
+
+def test_prompt_ends_from_the_request_split_the_prompt_speech():
+    """``request.features["prompt_ends"]`` (the prompt's alignment) decides which prompt frames
+    follow which D of the first pass; without it they are spread uniformly. Prompt text (6, 7) ->
+    ids 14, 15; target y1 y2 -> 9, 10 (q = 1); prompt codes 1..5 -> ids 19..23."""
+    net = model(q=1)
+    firsts = []
+    hook = net.backbone.register_forward_pre_hook(lambda _m, args: firsts.append(args[0][0]) if not firsts else None)
+
+    def first_pass_ids(**features):
+        firsts.clear()
+        request = SynthesisRequest(torch.tensor([1, 2, 3]), torch.tensor([6, 7]), torch.tensor([1, 2, 3, 4, 5]),
+                                   features=features)
+        out = net.generate(request, torch.Generator().manual_seed(0), cached=False)
+        x = firsts[0]
+        return (x[:, None, :] == net.embed.weight[None]).all(-1).float().argmax(-1).tolist(), out.info
+
+    try:
+        ids, info = first_pass_ids(prompt_ends=torch.tensor([1, 5]))  # the aligner: "6" is one frame, "7" four
+        assert ids == [14, 15, 9, 10, E, D, 19, D, 20, 21, 22, 23, D] and info["prompt_ends"] == "aligned"
+        ids, info = first_pass_ids()  # uniform: floor(k * 5 / 2) = 2, 5
+        assert ids == [14, 15, 9, 10, E, D, 19, 20, D, 21, 22, 23, D] and info["prompt_ends"] == "uniform"
+        with pytest.raises(ValueError, match="prompt"):  # ends that are not the prompt's frames
+            first_pass_ids(prompt_ends=torch.tensor([1, 4]))
+    finally:
+        hook.remove()
+
+
+def fixed_duration_head(net, probabilities: list[float]) -> None:
+    """The duration head outputs log ``probabilities`` (classes 0..max_duration) whatever it sees."""
+    with torch.no_grad():
+        net.duration_head.weight.zero_()
+        net.duration_head.bias.copy_(torch.tensor(probabilities).log())
+
+
+def test_durations_are_sampled_among_the_top_k():
+    """Table 3: durations sampled among the 3 most likely (renormalised), speech greedy. A head that
+    says 0.5, 0.3, 0.2 for durations 2, 3, 4 and 0.1 in all for the other four: top-3 draws are
+    2, 3, 4 at 0.5 / 0.3 / 0.2; greedy is always 2; without the top-k cut the others come too."""
+    net = model(q=1)
+    fixed_duration_head(net, [0.01, 0.04, 0.5, 0.3, 0.2, 0.03, 0.02])
+    prompt_text, prompt_speech = torch.tensor([6]), torch.tensor([1, 2])
+
+    def first_durations(n: int, **decoding) -> list[int]:
+        return [next(net.stream([1, 2, 3], prompt_text, prompt_speech, torch.Generator().manual_seed(seed),
+                                **decoding)).next_duration for seed in range(n)]
+
+    draws = first_durations(400)  # the default, duration_top_k = 3
+    counts = {d: draws.count(d) for d in set(draws)}
+    assert set(counts) == {2, 3, 4}
+    # binomial sd at n = 400: 0.025 (p = 0.5), 0.023 (0.3), 0.02 (0.2); 3 sd either side
+    assert counts[2] / 400 == pytest.approx(0.5, abs=0.075)
+    assert counts[3] / 400 == pytest.approx(0.3, abs=0.07)
+    assert counts[4] / 400 == pytest.approx(0.2, abs=0.06)
+    assert set(first_durations(20, duration_top_k=1)) == {2}
+    assert set(first_durations(200, duration_top_k=7)) & {0, 1, 5, 6}  # p = 0.1 / 1.1 each draw
+    # each drawn duration is the length of the span the next pass speaks
+    steps = list(net.stream([1, 2, 3, 4, 5], prompt_text, prompt_speech, torch.Generator().manual_seed(5)))
+    assert [len(s.speech) for s in steps[1:]] == [s.next_duration for s in steps[:-1]]
+    assert len({s.next_duration for s in steps[:-1]}) > 1  # sampled, not one value throughout
 
 
 def test_speech_chunks_regroup_spans():
@@ -423,11 +581,37 @@ def test_run_stream_matches_generate_and_waits_for_the_upstream():
     # the first packet cannot exist before its text did
     assert streamed["first_packet_seconds"] >= streamed["text_tokens_waited"] * 0.02
     assert all(size == 4 for size in seen[:-1]) and sum(seen) == len(reference.speech)
-    fpl_a_run = run_stream(net, text, prompt_text, prompt_speech, seed=3, decoding={"chunk_size": 4},
-                           stop_after_first=True)
-    assert fpl_a_run["first_packet_passes"] == streamed["first_packet_passes"]
-    report = latency_summary(streamed, fpl_a_run, q=1, d_llm=0.02)
-    c, fpl_a = report["c"], report["fpl_a_measured"]
-    assert report["fpl_l_eq7"] == pytest.approx(2 * 0.02 + c * (fpl_a / c))
-    assert report["fpl_l_waited"] == pytest.approx(fpl_l(fpl_a, streamed["text_tokens_waited"], 0.02))
-    assert math.isfinite(report["fpl_l_measured"])
+
+
+@pytest.mark.parametrize("d_llm, measured, eq7, waited", [
+    # upstream faster than the model: every later token is there before the pass that needs it
+    (0.02, 0.13, 0.13, 0.15),
+    # upstream slower: pass 3 waits for y3 (0.3 s), so the measurement lies between Eq. 7 and waited
+    (0.1, 0.33, 0.29, 0.39),
+])
+def test_stream_latencies_hand_worked(d_llm, measured, eq7, waited):
+    """A simulated clock (30 ms a pass, the upstream's token k at k x d_LLM) and a duration head that
+    always says 2: with chunk_size 4 the first packet is spans 1 and 2, so c = 3 passes (the first
+    pass and two speech passes) and the pass for y2 read y3 (q = 1): 3 text tokens waited.
+    FPL-A = 3 x 0.03 = 0.09. d_LLM = 0.02: y2 at 0.04, passes end at 0.07, 0.10, 0.13 (y3 came at
+    0.06). d_LLM = 0.1: y2 at 0.2, passes end at 0.23, 0.26; y3 at 0.3, the pass ends at 0.33.
+    Eq. 7 = 2 d_LLM + 0.09; waited = 3 d_LLM + 0.09."""
+    net = model(q=1)
+    fixed_duration_head(net, [1e-6, 1e-6, 1.0, 1e-6, 1e-6, 1e-6, 1e-6])
+    text = [1, 2, 3, 4, 5, 1, 2]
+    prompt_text, prompt_speech = torch.tensor([6, 7]), torch.tensor([1, 2, 3, 4])
+    with SimulatedTime(net, pass_seconds=0.03) as simulated:
+        streamed = run_stream(net, iter(text), prompt_text, prompt_speech, seed=3, d_llm=d_llm,
+                              decoding={"chunk_size": 4}, clock=simulated.clock, sleep=simulated.sleep)
+    with SimulatedTime(net, pass_seconds=0.03) as simulated:
+        fpl_a_run = run_stream(net, text, prompt_text, prompt_speech, seed=3, decoding={"chunk_size": 4},
+                               stop_after_first=True, clock=simulated.clock, sleep=simulated.sleep)
+    assert streamed["first_packet_passes"] == fpl_a_run["first_packet_passes"] == 3
+    assert streamed["text_tokens_waited"] == 3
+    assert fpl_a_run["first_packet_seconds"] == pytest.approx(0.09)
+    report = latency_summary(streamed, fpl_a_run, q=1, d_llm=d_llm)
+    assert report["c"] == 3 and report["d_tts"] == pytest.approx(0.03)
+    assert report["fpl_a_measured"] == pytest.approx(0.09)
+    assert report["fpl_l_measured"] == pytest.approx(measured)
+    assert report["fpl_l_eq7"] == pytest.approx(eq7)
+    assert report["fpl_l_waited"] == pytest.approx(waited)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import shutil
 import warnings
 from pathlib import Path
@@ -435,6 +436,173 @@ def test_unknown_decoding_options_are_refused_before_synthesis(built):
                     decoding={"steps": 8})
 
 
+# ----------------------------------------------------------------------------- timing record, prompt alignment
+
+class SimulatedTime:
+    """``time.perf_counter`` of synthesis and of the paradigms that moves only when told:
+    ``pass_seconds`` per backbone call, ``decode_seconds`` per codec decoding."""
+
+    def __init__(self, monkeypatch, synth: Synthesizer, pass_seconds: float, decode_seconds: float):
+        import types
+
+        import arnar.paradigms.ar
+        import arnar.paradigms.syncspeech
+        import arnar.synthesize
+
+        self.now = 0.0
+        fake = types.SimpleNamespace(perf_counter=lambda: self.now)
+        for module in (arnar.synthesize, arnar.paradigms.ar, arnar.paradigms.syncspeech):
+            monkeypatch.setattr(module, "time", fake)
+        self.hook = synth.model.backbone.register_forward_hook(lambda *_: self.advance(pass_seconds))
+        decode = synth._decode
+
+        def timed_decode(*args):
+            self.advance(decode_seconds)
+            return decode(*args)
+
+        monkeypatch.setattr(synth, "_decode", timed_decode)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def fixed_durations(synth: Synthesizer, frames: int) -> None:
+    """SyncSpeech's duration head says ``frames`` whatever it sees."""
+    head = synth.model.duration_head
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-1e4)
+        head.bias[frames] = 0.0
+
+
+def one_item_testlist(tmp_path, built, text: str) -> tuple[Path, Path]:
+    """A cross-sentence list of one item whose prompt is the first 2 s of rms_0 ("Please call")."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir(exist_ok=True)
+    sf.write(str(prompts / "cross_rms_1.wav"), built["prompt"], built["rate"], subtype="FLOAT")
+    item = TestItem(item_id="cross_rms_1", task="cross_sentence", speaker="rms", target_id="rms_1", target_text=text,
+                    target_duration=3.0, prompt_id="rms_0", prompt_start=0.0, prompt_end=2.0,
+                    prompt_text=built["prompt_text"])
+    testlist = tmp_path / "cross_sentence.tsv"
+    testlist.write_text(to_tsv([item]))
+    return testlist, prompts
+
+
+def test_timing_records_give_the_hand_worked_latencies(built, tmp_path, monkeypatch):
+    """`arnar synthesize` on a simulated clock (30 ms a forward pass, 0.5 s a codec decoding), then
+    the evaluation's speed summary (d_LLM = 25 ms), for SyncSpeech and AR with 4-token packets.
+
+    SyncSpeech (q = 1), every duration 2: the first packet is spans 1 and 2, c = 3 passes, so
+    FPL-A = 0.09 s; it started after q + 1 = 2 text tokens and had read 3 when the packet was
+    complete: FPL-L (Eq. 7) = 2 x 0.025 + 0.09 = 0.14, waited 3 x 0.025 + 0.09 = 0.165.
+    AR (min_ratio 2, so no <eos> before 2L >= 4 tokens): token k exists after pass k, FPL-A =
+    4 x 0.03 = 0.12; it reads all L text tokens first: FPL-L = waited = L x 0.025 + 0.12.
+    The codec's decoding of the first packet (0.5 s) is in neither, a column of its own."""
+    from arnar.evaluate.run import speed_summary
+
+    text = SENTENCES[1]
+    testlist, prompts = one_item_testlist(tmp_path, built, text)
+    records = {}
+    for paradigm, decoding in (("syncspeech", {"chunk_size": 4}), ("ar", {"max_ratio": AR_MAX_RATIO, "chunk_size": 4})):
+        synth = Synthesizer(built[paradigm], codec="offline", codec_model=str(built["codec"]), bpe_model=built["bpe"],
+                            decoding=decoding)
+        if paradigm == "syncspeech":
+            fixed_durations(synth, 2)
+        SimulatedTime(monkeypatch, synth, pass_seconds=0.03, decode_seconds=0.5)
+        out = tmp_path / paradigm
+        synthesize_testlist(synth, testlist, prompts, out, seed=0, progress=False)
+        (records[paradigm],) = [json.loads(line) for line in (out / "timing.jsonl").read_text().splitlines()]
+        monkeypatch.undo()
+    L = len(synth.bpe.encode(text))
+    assert L >= 3
+
+    sync = records["syncspeech"]
+    assert sync["first_packet_passes"] == 3 and sync["forward_passes"] == L + 1
+    assert sync["fpl_a"] == pytest.approx(0.09) and sync["first_packet_decode_seconds"] == pytest.approx(0.5)
+    assert (sync["text_tokens_to_start"], sync["text_tokens_waited"]) == (2, 3)
+    assert sync["token_seconds"] == pytest.approx((L + 1) * 0.03) and sync["prompt_ends"] == "uniform"
+    speed = speed_summary({"i": sync}, {"i": 3.0}, d_llm=0.025)
+    assert speed["fpl_a"] == pytest.approx(0.09) and speed["first_packet_decode"] == pytest.approx(0.5)
+    assert speed["fpl_l"] == pytest.approx(0.14) and speed["fpl_l_waited"] == pytest.approx(0.165)
+
+    ar = records["ar"]
+    assert ar["first_packet_passes"] == 4 and ar["fpl_a"] == pytest.approx(0.12)
+    assert ar["first_packet_decode_seconds"] == pytest.approx(0.5)
+    assert ar["text_tokens_to_start"] == ar["text_tokens_waited"] == L and "prompt_ends" not in ar
+    speed = speed_summary({"i": ar}, {"i": 3.0}, d_llm=0.025)
+    assert speed["fpl_l"] == speed["fpl_l_waited"] == pytest.approx(L * 0.025 + 0.12)
+
+
+def test_prompt_clip_words_hand_worked():
+    from arnar.align.base import Interval
+
+    from arnar.synthesize import prompt_clip_words
+
+    words = [Interval("others", 0.1, 0.4), Interval("fell", 0.5, 0.8), Interval("among", 0.9, 1.3),
+             Interval("the", 1.35, 1.5), Interval("thorns", 1.55, 2.9), Interval("and", 3.05, 3.2)]
+    # a continuation prompt [0, 3] reads the five words that end inside it
+    assert prompt_clip_words(words, "Others fell among the thorns", 0.0, 3.0) == words[:5]
+    # a clip from 0.45 s: times from its start, the word running past its end cut there
+    got = prompt_clip_words(words, "fell among the thorns", 0.45, 1.6)
+    assert [w.symbol for w in got] == ["fell", "among", "the", "thorns"]
+    assert [(round(w.start, 6), round(w.end, 6)) for w in got] == [(0.05, 0.35), (0.45, 0.85), (0.9, 1.05),
+                                                                   (1.1, 1.15)]
+    # spoken words, not whitespace words: "well-known" is two, "&" none (as the aligner sees them)
+    pairs = [Interval("well", 0.0, 0.2), Interval("known", 0.2, 0.5), Interval("facts", 0.6, 0.9)]
+    assert prompt_clip_words(pairs, "Well-known & facts", 0.0, 1.0) == pairs
+    assert prompt_clip_words(pairs, "well known facts and more", 0.0, 1.0) is None  # too few words
+
+
+def test_prompt_ends_come_from_the_prompt_alignment(built, tmp_path, caplog):
+    """With the aligner's JSONL the SyncSpeech prompt's a_n follow the alignment (by the training
+    durations' rules) and the record says "aligned"; without the recording in it, or with words
+    that are not the transcript's, they are uniform and the record says so.
+
+    Hand-made alignment of the 2 s prompt "Please call": "please" 0.1-0.5 s, "call" 0.8-1.2 s.
+    "please" owns its pause, up to where "call" starts: its last piece ends at 0.8 s = frame
+    round(0.8 T / 2); "call" runs to the end of the clip, frame T."""
+    from arnar.align.base import Alignment, Interval, alignment_to_json
+
+    testlist, prompts = one_item_testlist(tmp_path, built, SENTENCES[1])
+    synth = Synthesizer(built["syncspeech"], codec="offline", codec_model=str(built["codec"]), bpe_model=built["bpe"])
+    seen = []
+    generate = synth.model.generate
+
+    def spy(request, generator, **decoding):
+        seen.append(request.features.get("prompt_ends"))
+        return generate(request, generator, **decoding)
+
+    synth.model.generate = spy  # this test's own Synthesizer
+    clip = synth.prompt_clip(built["prompt"], built["rate"])
+    T, seconds = len(synth.prompt_codes(clip)), len(clip) / synth.codec.sample_rate
+    pieces = synth.bpe.encode_with_words(built["prompt_text"])
+    last_of_please = max(n for n, (_, word) in enumerate(pieces) if word == 0)
+
+    def run(words, utt="rms_0"):
+        path = tmp_path / "test.jsonl"
+        alignment = Alignment(utt, [Interval(*w) for w in words], [], 3.0)
+        path.write_text(json.dumps(alignment_to_json(alignment)) + "\n")
+        seen.clear()
+        synthesize_testlist(synth, testlist, prompts, tmp_path / "out", seed=0, progress=False, prompt_alignments=path)
+        record = json.loads((tmp_path / "out" / "timing.jsonl").read_text())
+        return seen[0], record["prompt_ends"]
+
+    ends, used = run([("please", 0.1, 0.5), ("call", 0.8, 1.2)])
+    assert used == "aligned" and len(ends) == len(pieces)
+    assert int(ends[last_of_please]) == math.floor(0.8 * T / seconds + 0.5) and int(ends[-1]) == T
+    assert ends.tolist() == sorted(ends.tolist())
+    with caplog.at_level("WARNING", logger="arnar.synthesize"):
+        assert run([("please", 0.1, 0.5), ("call", 0.8, 1.2)], utt="rms_3") == (None, "uniform")
+        assert "rms_0 is not in" in caplog.text
+        ends, used = run([("police", 0.1, 0.5), ("call", 0.8, 1.2)])
+        assert (ends, used) == (None, "uniform") and "does not fit" in caplog.text
+    synthesize_testlist(synth, testlist, prompts, tmp_path / "out", seed=0, progress=False)  # no file
+    assert json.loads((tmp_path / "out" / "timing.jsonl").read_text())["prompt_ends"] == "uniform"
+    with pytest.raises(SynthesisInputError, match="no such file"):
+        synthesize_testlist(synth, testlist, prompts, tmp_path / "out", seed=0, progress=False,
+                            prompt_alignments=tmp_path / "missing.jsonl")
+
+
 # ----------------------------------------------------------------------------- command lines
 
 def run_cli(main, argv, capsys) -> tuple[int, str]:
@@ -479,6 +647,7 @@ def test_cli_synthesize_gives_one_line_errors(built, tmp_path, capsys):
         ({"prompt-text": None}, ["missing: --prompt-text"]),
         ({"out": str(tmp_path / "no" / "such" / "out.wav")}, ["--out", "no such folder"]),
         ({"text": "\udcff"}, ["--text:", "Unicode"]),  # an argv byte that is not UTF-8
+        ({"prompt-alignments": str(tmp_path / "test.jsonl")}, ["--prompt-alignments needs --testlist"]),
     ]
     for flags, words in cases:
         code, err = run_cli(cli_main, synthesize_argv(built, tmp_path, **flags), capsys)

@@ -346,6 +346,8 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
         raise SynthesisInputError(f"--decoding: target_duration must be 'ground_truth', got {target_duration!r}")
     if target_duration and not args.testlist:
         raise SynthesisInputError("--decoding: target_duration 'ground_truth' needs --testlist (its items' durations)")
+    if args.prompt_alignments and not args.testlist:
+        raise SynthesisInputError("--prompt-alignments needs --testlist (its items name the prompts' recordings)")
     if args.testlist:
         if not (args.prompts and args.out):
             raise SynthesisInputError("--testlist needs --prompts and --out")
@@ -363,7 +365,7 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
                         silence_dbfs=SILENCE_DBFS if args.silence_dbfs is None else args.silence_dbfs)
     if args.testlist:
         synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed,
-                            ground_truth_duration=bool(target_duration))
+                            ground_truth_duration=bool(target_duration), prompt_alignments=args.prompt_alignments)
         return
     synth.text_ids(args.text, "--text")  # the text's errors before the prompt is read
     synth.text_ids(args.prompt_text, "--prompt-text")
@@ -536,6 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bpe", required=True, help="the BPE model of the corpus")
     p.add_argument("--testlist", help="a frozen test list (TSV); with --prompts and --out (a folder)")
     p.add_argument("--prompts", help="folder of <item_id>.wav prompts")
+    p.add_argument("--prompt-alignments", help="with --testlist: the aligner's JSONL of the prompts' split "
+                   "(data/<profile>/align/<aligner>/test.jsonl); SyncSpeech's prompt a_n come from it, else uniform")
     p.add_argument("--text", help="one sentence to speak (instead of --testlist)")
     p.add_argument("--prompt-wav", help="prompt recording for --text")
     p.add_argument("--prompt-text", help="transcript of --prompt-wav")

@@ -138,7 +138,8 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
         for name in asr_names:
             short = ASR_SHORT.get(name, name)
             header += [f"WER-{short} utt-mean (%) ↓", f"WER-{short} corpus (%) ↓"]
-        header += ["SIM ↑", "MOS ↑", "RTF token ↓", "RTF e2e ↓", "FPL-A (s) ↓", "FPL-L (s) ↓", "Passes", "Missing"]
+        header += ["SIM ↑", "MOS ↑", "RTF token ↓", "RTF e2e ↓", "FPL-A (s) ↓", "1st packet decode (s) ↓",
+                   "FPL-L (s) ↓", "Passes", "Missing"]
         lines += [f"### {TASK_TITLES[task]}", "", "| " + " | ".join(header) + " |",
                   "|" + "|".join("---" for _ in header) + "|"]
         for system, replicas in rows:
@@ -159,6 +160,7 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
                 cell(METRICS["rtf"], 3, spread=False),
                 cell(lambda r: (r.get("speed") or {}).get("rtf_end_to_end"), 3, spread=False),
                 cell(lambda r: (r.get("speed") or {}).get("fpl_a"), 3, spread=False),
+                cell(lambda r: (r.get("speed") or {}).get("first_packet_decode"), 3, spread=False),
                 cell(METRICS["fpl_l"], 3, spread=False),
                 cell(METRICS["passes"], 1, spread=False),
                 str(sum(len(results[s][task]["missing"]) for s in replicas)),

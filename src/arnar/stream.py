@@ -16,9 +16,15 @@ Reported (latency.json in ``--out-dir`` and on stdout), token stage only, as in 
   tokens, stopped at the first packet, after an untimed warm-up run);
 * ``fpl_l_eq7``: Eq. 7, ``(q + 1) d_LLM + c d_TTS``, with ``c`` the passes to the first packet and
   ``d_TTS`` = ``fpl_a_measured / c``; Eq. 7 assumes that only the first ``q + 1`` tokens are waited
-  for, so it is below the measurement when the first packet needs more text tokens than that;
+  for, so it is below the measurement when a later pass had to wait for its text token (an
+  upstream slower than the model, below);
 * ``fpl_l_waited``: ``text_tokens_waited * d_LLM + fpl_a_measured``
-  (:func:`arnar.evaluate.metrics.fpl_l`).
+  (:func:`arnar.evaluate.metrics.fpl_l`), as if no text arrived while decoding;
+* ``first_packet_decode_seconds``: the codec's decoding of the first packet, not part of any of
+  the above.
+
+When the upstream is faster than the model (``d_LLM`` <= seconds per pass) the tokens a pass needs
+have arrived by the time the pass before it ends, and the measured FPL-L is Eq. 7.
 
 Each chunk is decoded with the codes before it (the prompt's, then the generated ones, up to
 ``--decoder-context`` frames) as left context, so chunk boundaries do not restart the decoder cold.
@@ -140,18 +146,20 @@ class Upstream:
 def run_stream(model, tokens: Iterable[int], prompt_text: torch.Tensor, prompt_speech: torch.Tensor, *,
                seed: int = 0, d_llm: float = 0.0, decoding: dict[str, Any] | None = None,
                on_chunk: Callable[[Any, float], None] | None = None, stop_after_first: bool = False,
-               clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+               clock: Callable[[], float] = time.perf_counter,
+               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """Stream ``tokens`` (target BPE ids) through ``model`` (a SyncSpeech paradigm) behind an
     :class:`Upstream` at ``d_llm``; ``on_chunk(chunk, ready_seconds)`` gets every packet as soon as
     it exists. Returns the timings (seconds from the upstream's start) and counts; ``codes`` are
-    all generated codes. ``stop_after_first``: stop once the first packet exists (latency runs)."""
+    all generated codes. ``stop_after_first``: stop once the first packet exists (latency runs).
+    ``clock`` and ``sleep`` are the upstream's and the timings' (tests pass a simulated pair)."""
     from arnar.paradigms.syncspeech import speech_chunks
 
     if not hasattr(model, "stream"):
         raise StreamError(f"paradigm {getattr(model, 'name', '?')!r} cannot stream text; only syncspeech does")
     decoding = dict(decoding or {})
     options = model.decoding_options(decoding)
-    upstream = Upstream(tokens, d_llm, clock=clock)
+    upstream = Upstream(tokens, d_llm, clock=clock, sleep=sleep)
     generator = torch.Generator().manual_seed(seed)
     t0 = upstream.start()
     steps = model.stream(upstream, prompt_text, prompt_speech, generator, **decoding)
@@ -308,9 +316,12 @@ def stream_main(args: argparse.Namespace) -> dict[str, Any]:
 
     chunk_decoder = ChunkDecoder(codec, prompt_codes, prompt, args.decoder_context)
     pieces: list[np.ndarray] = []
+    decode_seconds: list[float] = []
 
     def write_chunk(chunk, ready: float) -> None:
+        started = time.perf_counter()
         audio = chunk_decoder(chunk.speech.numpy())
+        decode_seconds.append(time.perf_counter() - started)
         _write_wav(out / f"chunk_{len(pieces):04d}.wav", audio, codec.sample_rate)
         pieces.append(audio)
         log.info("chunk %d: %d tokens ready at %.3f s (%d text tokens read)", len(pieces) - 1, len(chunk.speech),
@@ -332,6 +343,7 @@ def stream_main(args: argparse.Namespace) -> dict[str, Any]:
         "generated_frames": int(len(streamed["codes"])),
         "audio_seconds": len(audio) / codec.sample_rate,
         "token_seconds_streamed": streamed["seconds"],
+        **({"first_packet_decode_seconds": decode_seconds[0]} if decode_seconds else {}),
         "chunks": streamed["chunks"],
     })
     atomic.write_text(out / "latency.json", json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -13,6 +13,23 @@ Continuation items (VALL-E / PALLE convention): the model continues the 3 s prom
 of the text, and the evaluated utterance is prompt audio + continuation, read against the whole
 target text (PALLE 5.2).
 
+Timing record (one per item in ``timing.jsonl``; the definitions are in :mod:`arnar.evaluate.metrics`):
+``token_seconds`` and ``total_seconds``; ``fpl_a``, the token stage until the first packet's
+``chunk_size`` tokens exist (a paradigm that streams says when, else after its last pass), without
+the codec; ``first_packet_decode_seconds``, the codec decoding that packet, timed on its own;
+``text_tokens_to_start``, the text tokens the paradigm needs before its decoding starts (SyncSpeech
+says, ``q + 1``; every other paradigm reads the whole text), from which the evaluation computes
+FPL-L (Eq. 7); ``text_tokens_waited``, those read by the time the first packet was complete;
+``forward_passes`` and the paradigm's own ``info`` (SyncSpeech: ``prompt_ends``).
+
+Prompt alignment. SyncSpeech splits the prompt's speech among the prompt's text tokens (its a_n).
+Given the forced alignment of the prompt's recording (``prompt_words``; for a test list
+``--prompt-alignments``, the aligner's JSONL of the test split, ``arnar align`` output), the a_n
+are computed from it with the training durations' own rules
+(:func:`arnar.align.durations.bpe_durations`, on the prompt clip's frames) and the record says
+``"prompt_ends": "aligned"``; without one (no file, the prompt's recording not in it, or words that
+do not match its transcript) they are spread uniformly and the record says ``"uniform"``.
+
 Input limits. Every input either gives audio or a :class:`SynthesisInputError` whose one-line
 message names the input and the problem (``arnar synthesize`` / ``arnar stream`` print it as
 ``error: ...``), and no input makes the work unbounded:
@@ -270,12 +287,29 @@ class Synthesizer:
 
     # ------------------------------------------------------------------------- synthesis
 
+    def aligned_prompt_ends(self, prompt_text: str, prompt_ids: torch.Tensor, words: Any, seconds: float,
+                            n_frames: int) -> torch.Tensor:
+        """a_n of the prompt's text tokens from the aligned ``words`` (:class:`arnar.align.base.Interval`,
+        seconds from the start of the prompt clip of ``seconds`` and ``n_frames`` codec frames), by the
+        rules of the training durations; :class:`arnar.align.durations.DurationError` when the
+        words are not those of ``prompt_text`` or its tokens are not ``prompt_ids``."""
+        from arnar.align.durations import DurationError, bpe_durations
+
+        result = bpe_durations(prompt_text, list(words), seconds, self.bpe, total_frames=n_frames)
+        if result.ids != prompt_ids.tolist():
+            raise DurationError(f"the alignment's {len(result.ids)} text tokens are not the prompt's {len(prompt_ids)}")
+        return torch.tensor(result.ends, dtype=torch.long)
+
     def synthesize(self, text: str, prompt_audio: np.ndarray, prompt_text: str, sample_rate: int, *,
-                   seed: int = 0, target_frames: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+                   seed: int = 0, target_frames: int | None = None,
+                   prompt_words: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Speak ``text`` in the voice of ``prompt_audio`` (mono float at ``sample_rate``, whose
         transcript is ``prompt_text``). Returns audio at ``self.codec.sample_rate`` and a timing
-        record (token-stage and end-to-end seconds, forward passes). Inputs out of the limits of
-        the module docstring raise :class:`SynthesisInputError`."""
+        record (module docstring). ``prompt_words``: the forced alignment of the prompt's words
+        (:class:`arnar.align.base.Interval`, seconds from the prompt's start), from which the
+        prompt's a_n are computed (module docstring, "Prompt alignment"); unusable ones fall back
+        to uniform a_n with a warning. Inputs out of the limits of the module docstring raise
+        :class:`SynthesisInputError`."""
         start = time.perf_counter()
         text_ids, prompt_ids = self.text_ids(text, "text"), self.text_ids(prompt_text, "prompt text")
         prompt = self.prompt_clip(prompt_audio, sample_rate)
@@ -288,6 +322,14 @@ class Synthesizer:
             raise SynthesisInputError(f"target_frames {target_frames!r}: expected a whole number of frames from 1 to "
                                       f"{most} ({self.max_speech_seconds:g} s)")
         request = SynthesisRequest(text_ids, prompt_ids, prompt_codes, target_frames=target_frames)
+        if prompt_words is not None:
+            from arnar.align.durations import DurationError
+
+            try:
+                request.features["prompt_ends"] = self.aligned_prompt_ends(
+                    prompt_text, prompt_ids, prompt_words, len(prompt) / self.codec.sample_rate, len(prompt_codes))
+            except DurationError as err:
+                log.warning("prompt %s: its alignment does not fit (%s); uniform prompt ends", _quote(prompt_text), err)
         prepare = getattr(self.model, "prepare_request", None)
         if callable(prepare):  # paradigms with inputs of their own (CoD: phonemes, speaker embedding)
             try:
@@ -302,24 +344,29 @@ class Synthesizer:
         generation = self.model.generate(request, generator, **self.decoding)
         token_seconds = time.perf_counter() - token_start
         codes = generation.speech.cpu().numpy()[None].astype(np.int64)
-        # first-packet latency (FPL-A): until the first chunk of tokens exists (streaming paradigms
-        # say when; a non-streaming one after its last pass), plus decoding that chunk to audio
+        # first-packet latency (FPL-A): the token stage until the first chunk of tokens exists
+        # (streaming paradigms say when; a non-streaming one after its last pass); the codec's
+        # decoding of that chunk is timed on its own
         info = generation.info
         chunk = int(info.get("chunk_size", FIRST_PACKET_TOKENS))
         decode_start = time.perf_counter()
         self._decode(codes[:, :chunk], prompt, prompt_codes)
-        fpl_a = float(info.get("first_packet_seconds", token_seconds)) + time.perf_counter() - decode_start
+        first_packet_decode = time.perf_counter() - decode_start
         audio = self._decode(codes, prompt, prompt_codes)
+        own = ("text_tokens_waited", "text_tokens_to_start")
         record = {
             "token_seconds": token_seconds,
             "total_seconds": time.perf_counter() - start,
             "forward_passes": generation.forward_passes,
             "generated_frames": int(codes.shape[1]),
-            "fpl_a": fpl_a,
-            # text tokens that had to arrive before the first packet (all of them unless streaming)
+            "fpl_a": float(info.get("first_packet_seconds", token_seconds)),
+            "first_packet_decode_seconds": first_packet_decode,
+            # text tokens needed before decoding starts (FPL-L, Eq. 7) and those read when the first
+            # packet was complete: all of them for a paradigm that reads the whole text
+            "text_tokens_to_start": int(info.get("text_tokens_to_start", len(request.text))),
             "text_tokens_waited": int(info.get("text_tokens_waited", len(request.text))),
             **({"first_packet_passes": generation.first_packet_passes} if generation.first_packet_passes else {}),
-            **{k: v for k, v in info.items() if isinstance(v, (int, float, str, bool)) and k != "text_tokens_waited"},
+            **{k: v for k, v in info.items() if isinstance(v, (int, float, str, bool)) and k not in own},
         }
         return np.asarray(audio, dtype=np.float32), record
 
@@ -331,20 +378,66 @@ class Synthesizer:
         return self.codec.decode([codes], prompt=[prompt_codes.numpy()[None]])[0]
 
 
+def read_prompt_alignments(path: str | os.PathLike) -> dict[str, list]:
+    """Recording id -> its aligned words (:class:`arnar.align.base.Interval`, seconds) from an
+    aligner's JSONL (``arnar align`` output, ``data/<profile>/align/<aligner>/<split>.jsonl``)."""
+    from arnar.align import alignment_from_json
+
+    path = Path(path)
+    if not path.is_file():
+        raise SynthesisInputError(f"--prompt-alignments {path}: no such file")
+    alignments = {}
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                alignment = alignment_from_json(json.loads(line))
+            except ValueError as err:  # json.JSONDecodeError is one
+                raise SynthesisInputError(f"{path}:{line_no}: not an alignment ({err})") from None
+            alignments[alignment.utt_id] = alignment.words
+    return alignments
+
+
+def prompt_clip_words(words: list, prompt_text: str, start: float, end: float) -> list | None:
+    """The aligned ``words`` of a recording that its clip ``[start, end]`` (seconds) speaks as
+    ``prompt_text``, in seconds from the clip's start: as many as ``prompt_text`` has spoken words
+    (:func:`arnar.align.base.spoken_words`), from the first that starts in the clip (a
+    continuation prompt's transcript is the words that end inside it, which an aligner may place
+    a little differently). None when the recording has too few; whether they are the transcript's
+    words is checked where the a_n are computed."""
+    from arnar.align.base import Interval, spoken_words
+    from arnar.text import normalize_text
+
+    wanted = sum(len(spoken_words(word)) for word in normalize_text(prompt_text).split(" "))
+    inside = [w for w in words if w.start >= start - 1e-6]
+    if wanted == 0 or len(inside) < wanted:
+        return None
+    length = end - start
+
+    def shifted(t: float) -> float:
+        return min(max(t - start, 0.0), length)
+
+    return [Interval(w.symbol, shifted(w.start), shifted(w.end)) for w in inside[:wanted]]
+
+
 def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
                         out_dir: str | os.PathLike, *, seed: int, progress: bool = True,
-                        ground_truth_duration: bool = False) -> dict[str, Any]:
+                        ground_truth_duration: bool = False,
+                        prompt_alignments: str | os.PathLike | None = None) -> dict[str, Any]:
     """Every item of a frozen test list -> ``out_dir/<item_id>.wav`` + ``out_dir/timing.jsonl``.
 
     ``ground_truth_duration``: generate as many frames as the recording lasts (for continuation,
     the part after the prompt), the "GT duration" setting of palle.txt Table 1 and the base of its
-    Fig. 5 multipliers; otherwise each paradigm decides the length."""
+    Fig. 5 multipliers; otherwise each paradigm decides the length. ``prompt_alignments``: the
+    aligner's JSONL of the split the prompts come from (:func:`read_prompt_alignments`); each
+    item's prompt words are its clip's (:func:`prompt_clip_words`), for the prompt's a_n (module
+    docstring, "Prompt alignment")."""
     import soundfile as sf
     from tqdm import tqdm
 
     from arnar.evaluate.testlists import read_testlist
 
     items = read_testlist(Path(testlist))
+    alignments = read_prompt_alignments(prompt_alignments) if prompt_alignments is not None else {}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rate = synth.codec.sample_rate
@@ -360,8 +453,17 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
             if ground_truth_duration:
                 seconds = item.target_duration - (item.prompt_end - item.prompt_start if continuing else 0.0)
                 target_frames = max(1, round(seconds * synth.codec.frame_rate))
+            words = alignments.get(item.prompt_id)
+            if words is not None:
+                words = prompt_clip_words(words, item.prompt_text, item.prompt_start, item.prompt_end)
+                if words is None:
+                    log.warning("item %s: the alignment of %s has fewer words than the prompt text; uniform prompt "
+                                "ends", item.item_id, item.prompt_id)
+            elif prompt_alignments is not None:
+                log.warning("item %s: prompt %s is not in %s; uniform prompt ends", item.item_id, item.prompt_id,
+                            prompt_alignments)
             audio, record = synth.synthesize(text, prompt, item.prompt_text, rate, seed=item_seed(seed, item.item_id),
-                                             target_frames=target_frames)
+                                             target_frames=target_frames, prompt_words=words)
         except SynthesisInputError as err:
             raise SynthesisInputError(f"{testlist}: item {item.item_id}: {err}") from None
         if continuing:  # the evaluated utterance is the prompt followed by its continuation

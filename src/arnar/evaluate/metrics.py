@@ -17,13 +17,26 @@ WER (jiwer word alignment on normalised text), reported under two names:
   - ``wer_corpus``: total (S + D + I) over total N_ref (PALLE convention).
 An empty hypothesis is N_ref deletions (WER 1); insertions can push an utterance above 1.
 
-Speed (SyncSpeech 3.1, Eq. 7):
+Speed (SyncSpeech 3.1, Eq. 7), all of the text-to-token stage ("due to the off-the-shelf speech
+decoder, we evaluate the latency and efficiency of the text-to-token stage across all models"):
   - RTF = generation time / duration of the generated audio (lower is faster); reported for the
     token stage and end to end separately by the caller;
-  - FPL-A = time until the first ``chunk_size`` speech tokens exist, text fully available;
-  - FPL-L = (number of upstream text tokens waited for) x d_LLM + FPL-A, with d_LLM = 25 ms
-    (Qwen-7B on an A800, as the paper assumes); SyncSpeech waits for q + 1 tokens, a model that
-    needs the whole text waits for all of them. ``syncspeech_fpl_l`` is Eq. 7 verbatim.
+  - FPL-A = time until the first ``chunk_size`` speech tokens exist, text fully available. The
+    codec's decoding of that first packet is not part of it; it is measured and reported on its
+    own (``first_packet_decode``);
+  - FPL-L = Eq. 7, ``(q + 1) d_LLM + c d_TTS`` for SyncSpeech: the ``q + 1`` text tokens it waits
+    for before its first pass, at d_LLM = 25 ms a token (Qwen-7B on an A800, as the paper
+    assumes), plus ``c`` passes of ``d_TTS`` seconds to the first packet, which is FPL-A
+    (``d_TTS = FPL-A / c``). "The FPL-L for other baseline models is calculated in a similar
+    manner": the text tokens each must have before its decoding can start times d_LLM, plus its
+    FPL-A; a model that needs the whole text (AR, NAR, PALLE, DELTA, CoD here) waits for all ``L``.
+    The count is the timing record's ``text_tokens_to_start``; :func:`fpl_l` computes the sum,
+    :func:`syncspeech_fpl_l` is Eq. 7 verbatim. Eq. 7 counts no text waited for after decoding
+    started: the later tokens arrive while it decodes (exact when d_LLM <= d_TTS);
+  - FPL-L waited (``fpl_l_waited``): the text tokens read by the time the first packet was
+    complete (``text_tokens_waited``) times d_LLM, plus FPL-A, as if none of that text arrived
+    while decoding: an upper bound for SyncSpeech, which reads ``y_{n+q}`` before the pass for
+    ``y_n``; the same as FPL-L for a model that waits for the whole text.
 """
 
 from __future__ import annotations
@@ -181,7 +194,10 @@ def real_time_factor(generation_seconds: float, audio_seconds: float) -> float:
 
 
 def fpl_l(fpl_a_seconds: float, text_tokens_waited: int, d_llm: float = D_LLM_SECONDS) -> float:
-    """First-packet latency behind a streaming LLM: waiting for text, then FPL-A (SyncSpeech 3.1)."""
+    """First-packet latency behind a streaming LLM: ``text_tokens_waited`` tokens at ``d_llm``
+    each, then FPL-A (SyncSpeech 3.1). With the tokens needed before decoding starts
+    (``text_tokens_to_start``) this is FPL-L as Eq. 7 counts it; with those read by the time the
+    first packet was complete it is the waited-tokens figure (module docstring)."""
     if text_tokens_waited < 0:
         raise ValueError("text_tokens_waited must be >= 0")
     return text_tokens_waited * d_llm + fpl_a_seconds

@@ -2,7 +2,12 @@
 
 A *system* is a folder of generated audio, one ``<item_id>.wav`` per test-list item, plus an
 optional ``timing.jsonl`` written by the generator (one JSON object per item with any of
-``token_seconds``, ``total_seconds``, ``fpl_a``, ``text_tokens_waited``, ``forward_passes``).
+``token_seconds``, ``total_seconds``, ``fpl_a`` (token stage until the first packet's tokens
+exist), ``first_packet_decode_seconds`` (the codec's decoding of that packet),
+``text_tokens_to_start`` (text tokens needed before decoding starts: Eq. 7's ``q + 1`` for
+SyncSpeech, all of them for a model that reads the whole text), ``text_tokens_waited`` (text
+tokens read when the first packet was complete), ``forward_passes``; the latency definitions are
+in :mod:`arnar.evaluate.metrics`).
 Any paradigm plugs in by writing that folder; the ground truth is a system too (the target
 recordings themselves). An item without audio counts as an empty transcript (every word
 deleted) and is listed under ``missing``: a system cannot improve its score by failing.
@@ -97,7 +102,11 @@ def _read_timing(system_dir: Path) -> dict[str, dict]:
 
 
 def speed_summary(timing: dict[str, dict], durations: dict[str, float], d_llm: float) -> dict | None:
-    """RTF (token stage, end to end), FPL-A, FPL-L, forward passes over the items with timings."""
+    """RTF (token stage, end to end), FPL-A, the first packet's codec decoding, FPL-L (Eq. 7 and
+    its equivalent for models that read the whole text), FPL-L waited, forward passes: means over
+    the items with timings (definitions: :mod:`arnar.evaluate.metrics`). FPL-L comes only from
+    records that say ``text_tokens_to_start``: one without it (written before that field) has no
+    Eq. 7 figure, and its ``fpl_a`` included the codec's decoding."""
     if not timing:
         return None
     summary: dict[str, float] = {"items_timed": len(timing)}
@@ -106,13 +115,18 @@ def speed_summary(timing: dict[str, dict], durations: dict[str, float], d_llm: f
         values = [t[key] for t in timing.values() if key in t]
         if len(values) == len(timing):
             summary[name] = real_time_factor(sum(values), audio)
-    fpl_a = [t["fpl_a"] for t in timing.values() if "fpl_a" in t]
-    if fpl_a:
-        summary["fpl_a"] = float(np.mean(fpl_a))
-        waited = [fpl_l(t["fpl_a"], t["text_tokens_waited"], d_llm)
-                  for t in timing.values() if "fpl_a" in t and "text_tokens_waited" in t]
-        if waited:
-            summary["fpl_l"] = float(np.mean(waited))
+    timed = [t for t in timing.values() if "fpl_a" in t]
+    if timed:
+        summary["fpl_a"] = float(np.mean([t["fpl_a"] for t in timed]))
+        current = [t for t in timed if "text_tokens_to_start" in t]
+        columns = {
+            "first_packet_decode": [t["first_packet_decode_seconds"] for t in current
+                                    if "first_packet_decode_seconds" in t],
+            "fpl_l": [fpl_l(t["fpl_a"], t["text_tokens_to_start"], d_llm) for t in current],
+            "fpl_l_waited": [fpl_l(t["fpl_a"], t["text_tokens_waited"], d_llm) for t in current
+                             if "text_tokens_waited" in t],
+        }
+        summary.update({name: float(np.mean(values)) for name, values in columns.items() if values})
     passes = [t["forward_passes"] for t in timing.values() if "forward_passes" in t]
     if passes:
         summary["forward_passes"] = float(np.mean(passes))

@@ -60,12 +60,20 @@ it saw when it was computed (the paper's KV cache with inserted text implies thi
 speech token sees all ``L'`` text tokens). The uncached path (``cached=False``) recomputes the whole
 sequence every pass under the same positions and mask, so it must give the same tokens.
 
-Prompts: the request carries no alignment of the prompt, so its speech is spread uniformly over its
-text tokens (:func:`uniform_ends`), keeping one ``D`` + span per text token as in training (one block
-for the whole prompt would break the count of ``D``s the model uses to know where it is);
-:meth:`SyncSpeech.stream` takes true ``prompt_ends`` when a caller has them. ``request.text_ends``
-(oracle durations of the target) replace the predicted ones (Table 3 "Ground Truth");
-``request.target_frames`` is not used (the length follows from the durations).
+Prompts: the prompt's speech is split into one ``D`` + span per prompt text token as in training
+(one block for the whole prompt would break the count of ``D``s the model uses to know where it is),
+at the prompt's own a_n when the caller has them (``request.features["prompt_ends"]``, which
+:class:`arnar.synthesize.Synthesizer` derives from the forced alignment of the prompt's recording),
+else spread uniformly over its text tokens (:func:`uniform_ends`); ``info["prompt_ends"]`` says
+which (``aligned`` or ``uniform``). ``request.text_ends`` (oracle durations of the target) replace
+the predicted ones (Table 3 "Ground Truth"); ``request.target_frames`` is not used (the length
+follows from the durations).
+
+Latency (:mod:`arnar.evaluate.metrics`): ``info["first_packet_seconds"]`` is the time until the first
+``chunk_size`` speech tokens exist (FPL-A, c passes: ``Generation.first_packet_passes``),
+``info["text_tokens_to_start"]`` the text tokens read before the first pass (Eq. 7's ``q + 1``, or
+the whole text when it is shorter), ``info["text_tokens_waited"]`` those read by the time the first
+packet was complete.
 """
 
 from __future__ import annotations
@@ -522,11 +530,20 @@ class SyncSpeech(Paradigm):
         """The whole text at once through :meth:`stream` (which still consumes it token by token, as
         the look-ahead dictates, so the tokens equal those of a live stream)."""
         opts = self.decoding_options(decoding)
+        prompt_ends = request.features.get("prompt_ends")
         start = time.perf_counter()
         steps = self.stream(request.text.tolist(), request.prompt_text, request.prompt_speech, generator,
-                            text_ends=request.text_ends, **decoding)
+                            prompt_ends=prompt_ends, text_ends=request.text_ends, **decoding)
+        first_step: list[StreamStep] = []
+
+        def noting_the_first(steps: Iterable[StreamStep]) -> Iterator[StreamStep]:
+            for step in steps:
+                if not first_step:
+                    first_step.append(step)
+                yield step
+
         codes, first, first_seconds, last = [], None, 0.0, None
-        for chunk in speech_chunks(steps, int(opts["chunk_size"])):
+        for chunk in speech_chunks(noting_the_first(steps), int(opts["chunk_size"])):
             if first is None:
                 first, first_seconds = chunk, time.perf_counter() - start
             codes.append(chunk.speech)
@@ -535,9 +552,11 @@ class SyncSpeech(Paradigm):
         info: dict[str, Any] = {
             "chunk_size": int(opts["chunk_size"]),
             "durations_from": "oracle" if request.text_ends is not None else "predicted",
-            "prompt_alignment": "uniform",
+            "prompt_ends": "uniform" if prompt_ends is None else "aligned",
             "cached": bool(opts["cached"]),
         }
+        if first_step:  # the text tokens read before the first pass: Eq. 7's q + 1
+            info["text_tokens_to_start"] = first_step[0].text_tokens_read
         if first is not None:
             info.update(text_tokens_waited=first.text_tokens_read, first_packet_seconds=first_seconds)
         return Generation(speech, forward_passes=last.forward_passes if last else 0,
