@@ -1,6 +1,7 @@
 """DELTA-TTS (arnar/paradigms/delta.py, arnar/decode/delta_schedules.py): the conversion starts as
 the AR model, the shift and the Eq. 2 weighting against hand-worked examples, the Eq. 3 schedule
-against hand-worked counts, the length rule, trainable parts, and the decoding loop."""
+against hand-worked counts, the length rule, trainable parts, the decoding loop, and Table 5's
+causal-LoRA baseline (option ``causal``) and its DAG wiring (``ar_lora``, ``delta_unfrozen``)."""
 
 from __future__ import annotations
 
@@ -357,6 +358,101 @@ def test_decoding_reads_the_shifted_output_and_commits_the_most_confident_first(
 def test_unknown_decoding_option_is_an_error():
     with pytest.raises(ValueError, match="unknown options"):
         converted().generate(request(target_frames=4), torch.Generator(), stepz=4)
+
+
+# ----------------------------------------------------------------------------- Table 5: causal-LoRA baseline
+
+def causal_lora(seed=0, **options):
+    return converted(seed, causal=True, conv=False, **options)
+
+
+def test_causal_lora_baseline_is_the_ar_model_with_delta_lora_only():
+    model = causal_lora()
+    assert model.conv_modules is None and model.mask_embedding is None
+    wrapped = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    assert len(wrapped) == 7 * TINY["n_layers"]  # DELTA's LoRA: the seven projections of every block
+    trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    # DELTA's LoRA budget: rank 16 x (in + out) per projection = 16 x 736 per block (see the conv budget test)
+    assert sum(trainable.values()) == 16 * 736 * TINY["n_layers"] == 23552
+    lora_of_delta = sum(p.numel() for n, p in converted().named_parameters() if ".lora_" in n)
+    assert sum(trainable.values()) == lora_of_delta
+    with pytest.raises(ValueError, match="conv: false"):
+        converted(causal=True)  # the conv module sees future frames
+
+
+def test_causal_lora_baseline_trains_with_the_ar_example_and_objective():
+    ar, model = ar_model(), causal_lora()
+    ex = model.training_example(utterance(), torch.Generator().manual_seed(0))
+    # AR's layout, hand-worked: <sos> t1 t2 t3 <turn> c5..c9 (input), next token as target, text unscored
+    assert ex.input_ids.tolist() == [SOS, 9, 10, 11, TURN, 23, 24, 25, 26, 27]
+    assert ex.targets.tolist() == [IGNORE] * 4 + [23, 24, 25, 26, 27, EOS]
+    assert ex.attention_mask is None  # causal
+    assert model.sequence_length(utterance()) == 10
+    batch = collate([ex, model.training_example(utterance(text=(4,), speech=(1, 2)), torch.Generator())])
+    out, expected = model(batch), ar(batch)  # LoRA starts at zero: the AR model's own loss
+    assert torch.allclose(out.loss_sum, expected.loss_sum, atol=1e-5) and int(out.n_targets) == 6 + 3
+    out.loss_sum.backward()
+    assert all(p.grad is None for n, p in model.named_parameters() if ".lora_" not in n)
+    assert model.backbone.layers[0].mlp.up_proj.lora_B.grad.abs().sum() > 0
+
+
+def test_causal_lora_baseline_decodes_as_the_ar_model():
+    ar, model = ar_model(), causal_lora()
+    req = request(text=(1, 2, 3), prompt_text=(4,), prompt_speech=(4, 5, 6))
+    got = model.generate(req, torch.Generator().manual_seed(5))
+    expected = ar.generate(req, torch.Generator().manual_seed(5))
+    assert torch.equal(got.speech, expected.speech) and got.forward_passes == expected.forward_passes
+    # AR decoding: one pass for the prefix, one per token after the first (KV cache), <eos> or the bound
+    assert got.forward_passes == len(got.speech) + int(got.info["stopped_by_eos"])
+    with pytest.raises(ValueError, match="unknown options"):
+        model.generate(req, torch.Generator(), steps=16)  # AR's options, not the conversion's
+    # the adapters are in the cached decoding path: non-zero LoRA changes what it says
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            layer.mlp.down_proj.lora_B.normal_(std=0.5)
+    assert not torch.equal(model.generate(req, torch.Generator().manual_seed(5)).speech, expected.speech)
+
+
+def test_causal_lora_checkpoint_loads_strictly():
+    model = causal_lora(seed=1)
+    state = model.state_dict()
+    assert not any(k.startswith(("conv_modules.", "mask_embedding")) for k in state)
+    fresh = build_paradigm("delta", VOCAB, TINY, causal=True, conv=False)
+    fresh.load_state_dict(state, strict=True)
+
+
+def train_commands(workflow, profile, targets, profiles=None):
+    """``run -> Hydra overrides`` of the train jobs a dry run plans (workflow/rules/runs.smk)."""
+    import json
+    import re
+
+    from smoke_dag import BIN, run
+
+    config = [f"profile={profile}"] + ([f"profiles={json.dumps(profiles)}"] if profiles else [])
+    out = run([str(BIN / "snakemake"), "-n", "-p", "--cores", "1", *targets, "--config", *config], workflow).stdout
+    jobs = re.finditer(r"arnar train --run-dir \S+/runs/(\w+) .*? -- (.*?) 2>", out)
+    return {m.group(1): m.group(2).split() for m in jobs}
+
+
+def test_table5_runs_in_the_dag(tmp_path):
+    """delta_table5 plans the unfrozen run and the causal-LoRA baseline: the AR run DELTA converts,
+    DELTA's options with causal=true conv=false, and the conversion's per-profile overrides (the
+    same updates)."""
+    from smoke_dag import copy_workflow
+
+    workflow = copy_workflow(tmp_path / "wf")
+    table5 = {"smoke": {"training": {"ablations": ["delta_table5"],
+                                     "overrides": {"delta": ["train.max_steps=7"]}}}}
+    runs = train_commands(workflow, "smoke", ["data/smoke/systems/ar_lora/cross_sentence",
+                                              "data/smoke/systems/delta_unfrozen/cross_sentence"], table5)
+    assert set(runs) == {"ar", "ar_lora", "delta_unfrozen"}
+    assert runs["ar_lora"] == ["paradigm=delta", "model=tiny", "train=smoke", "train.seed=1234",
+                               "paradigm.options.ar_run=data/smoke/runs/ar",
+                               "paradigm.options.bpe_model=data/smoke/tokenizers/bpe.model",
+                               "++paradigm.options.causal=true", "paradigm.options.conv=false", "train.max_steps=7"]
+    assert runs["delta_unfrozen"][0] == "paradigm=delta_unfrozen" and runs["delta_unfrozen"][-1] == "train.max_steps=7"
+    assert "paradigm.options.ar_run=data/smoke/runs/ar" in runs["delta_unfrozen"]
 
 
 # ----------------------------------------------------------------------------- paper-scale mapping

@@ -1,4 +1,5 @@
 from arnar.ablations import GRIDS, check_grid_values, grid_rows
+from arnar.config import TRAIN_CONF_DIR
 from arnar.evaluate.testlists import TASKS
 
 # The training runs and evaluated systems of the paradigms (functions and tables only; the rules
@@ -11,10 +12,28 @@ TRAIN = P["training"]
 TOKEN_SETS = {"offline": {"single": "offline", "stack": "offline_rvq"}, "s3": {"single": "s3", "stack": "dac"}}
 TOKEN_RATE = {"offline": 25, "s3": 25, "offline_rvq": 50, "dac": 86.13}  # frames per second
 
+
+# Model size. training.model names src/arnar/conf/model/<model>.yaml: the backbone the paradigms
+# share in a comparison. A paradigm whose paper states a size of its own has
+# <model>_<paradigm>.yaml beside it, used by the runs whose `sized_as` names that paradigm when
+# the file exists: at paper scale paper_cod.yaml (CoD-Base, 263M) and paper_delta.yaml (the AR LM
+# DELTA-TTS converts: CosyVoice3's Qwen2.5-0.5B); tiny and small have none, so every run shares them.
+def sized_model(sized_as=None):
+    own = f"{TRAIN['model']}_{sized_as}"
+    return own if sized_as and (TRAIN_CONF_DIR / "model" / f"{own}.yaml").exists() else TRAIN["model"]
+
+
+# DELTA-TTS converts a trained AR model of its own size (delta_tts.txt 3): the comparison's `ar`
+# run where the sizes agree, else an AR run of DELTA's size, `delta_ar` (paper scale)
+DELTA_SOURCE = "ar" if sized_model("delta") == sized_model() else "delta_ar"
+DELTA_RUN = {"config": "delta", "sized_as": "delta", "reads": [DELTA_SOURCE],
+             "options": {"ar_run": f"{{runs}}/{DELTA_SOURCE}", "bpe_model": "{text_units}"}}
+
 # run -> Hydra paradigm config; `init_from`: the run it starts from; `reads`: runs it loads;
 # `options`: paradigm options that are paths ({runs}, {data}); `overrides`: further Hydra
 # overrides (ablation variants); `stack`: models the acoustic
-# stack's first quantizer; `features`: per-utterance inputs built by the cod_features rule
+# stack's first quantizer; `features`: per-utterance inputs built by the cod_features rule;
+# `sized_as`: the paradigm whose paper size it takes (sized_model)
 RUNS = {
     "ar": {"config": "ar"},
     "nar": {"config": "nar"},
@@ -29,23 +48,30 @@ RUNS = {
     # PALLE (palle.txt 4.2): stage two is fine-tuned from stage one at ~1/9 of its learning rate
     "palle_stage1": {"config": "palle_stage1"},
     "palle": {"config": "palle_stage2", "init_from": "palle_stage1", "lr_scale": 1 / 9},
-    # DELTA-TTS converts the trained AR baseline (delta_tts.txt 3)
-    "delta": {"config": "delta", "reads": ["ar"],
-              "options": {"ar_run": "{runs}/ar", "bpe_model": "{text_units}"}},
+    # DELTA-TTS converts the trained AR baseline (delta_tts.txt 3; DELTA_SOURCE)
+    "delta": DELTA_RUN,
+    # delta_tts.txt Table 5's causal-LoRA baseline: the same AR model with DELTA's LoRA adapters,
+    # fine-tuned with the AR objective (causal, next token) on the same data for the same updates
+    # (RUN_BASE below: delta's per-profile overrides) and decoded autoregressively, so that
+    # delta - ar_lora is the conversion's effect without the extra training (delta.py `causal`)
+    # (`++`: delta.yaml does not list the option `causal`, whose default is false)
+    "ar_lora": {**DELTA_RUN, "overrides": ["++paradigm.options.causal=true", "paradigm.options.conv=false"]},
     # Chain-of-Details models the first quantizer of the acoustic stack, temporal levels by decimation
-    "cod": {"config": "cod", "stack": True, "features": True,
+    "cod": {"config": "cod", "stack": True, "features": True, "sized_as": "cod",
             "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
     # the grid cod_levels: CoD with 2 and 1 temporal levels (chain_of_details.txt Table IV)
-    "cod_l2": {"config": "cod_l2", "stack": True, "features": True,
+    "cod_l2": {"config": "cod_l2", "stack": True, "features": True, "sized_as": "cod",
                "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
-    "cod_l1": {"config": "cod_l1", "stack": True, "features": True,
+    "cod_l1": {"config": "cod_l1", "stack": True, "features": True, "sized_as": "cod",
                "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
 }
+if DELTA_SOURCE != "ar":
+    RUNS[DELTA_SOURCE] = {"config": "ar", "sized_as": "delta"}
 # chain_of_details.txt Table V: CoD whose coarse levels are tokens of another kind
 # (arnar.codec.coarse; `features` names the kind, built by the coarse_tokens rule)
 COARSE_KINDS = {"cod_ind": ("independent", "cod"), "cod_shared": ("shared", "cod"), "cod_units": ("units", "cod_l2")}
 for _run, (_kind, _config) in COARSE_KINDS.items():
-    RUNS[_run] = {"config": _config, "stack": True, "features": _kind,
+    RUNS[_run] = {"config": _config, "stack": True, "features": _kind, "sized_as": "cod",
                   "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json",
                               "coarse_tokenizer": f"{{data}}/codec/coarse_{_kind}"}}
 COARSE_LEVELS = {kind: 2 if config == "cod_l2" else 3 for kind, config in COARSE_KINDS.values()}
@@ -64,17 +90,22 @@ ABLATIONS = {
     "syncspeech_table2": ("syncspeech", {"syncspeech_nopretrain": ("syncspeech_nopretrain", {}),
                                          "syncspeech_causal": ("syncspeech_causal", {})}),
     # delta_tts.txt Table 5: each component of the conversion taken out (the uniform schedule is
-    # the grid delta_mu: [1.0])
+    # the grid delta_mu: [1.0]), the fully unfrozen backbone, and the causal-LoRA baseline (the
+    # AR model adapted without the conversion); with an AR source of its own (paper scale), that
+    # AR model before adaptation too (elsewhere it is the comparison's `ar` row)
     "delta_table5": ("delta", {"delta_noconv": ("delta_noconv", {}), "delta_lora_budget": ("delta_lora_budget", {}),
-                               "delta_noprompt": ("delta_noprompt", {})}),
+                               "delta_noprompt": ("delta_noprompt", {}), "delta_unfrozen": ("delta_unfrozen", {}),
+                               "ar_lora": ("ar_lora", {}),
+                               **({DELTA_SOURCE: (DELTA_SOURCE, {})} if DELTA_SOURCE != "ar" else {})}),
     # chain_of_details.txt Table V: coarse token types (the offline codec's; needs token_set offline)
     "cod_table5": ("cod", {run: (run, {}) for run in COARSE_KINDS}),
 }
 # run -> the run whose per-profile overrides (training.overrides) it shares: variants and grid values
 RUN_BASE = {}
-for _variant in ("delta_noconv", "delta_lora_budget", "delta_noprompt"):
+for _variant in ("delta_noconv", "delta_lora_budget", "delta_noprompt", "delta_unfrozen"):
     RUNS[_variant] = {**RUNS["delta"], "config": _variant}
     RUN_BASE[_variant] = "delta"
+RUN_BASE["ar_lora"] = "delta"  # the same updates as the conversion
 RUN_BASE.update({run: "cod" for run in COARSE_KINDS})
 
 
@@ -168,6 +199,11 @@ def run_dir(run):
     return f"{DATA}/runs/{run}"
 
 
+def run_model(run):
+    """The Hydra model config of a run (sized_model)."""
+    return sized_model(RUNS[run].get("sized_as"))
+
+
 def run_token_set(run):
     return TOKEN_SETS[TRAIN["token_set"]]["stack" if RUNS[run].get("stack") else "single"]
 
@@ -197,7 +233,7 @@ def run_inputs(wildcards):
         "features": run_features(run, "train"), "dev_features": run_features(run, "dev"),
         "before": [f"{run_dir(r)}/final.pt" for r in runs_needed(run)],
         # the Hydra files that define the run: editing one retrains it
-        "conf": [f"src/arnar/conf/paradigm/{RUNS[run]['config']}.yaml", f"src/arnar/conf/model/{TRAIN['model']}.yaml",
+        "conf": [f"src/arnar/conf/paradigm/{RUNS[run]['config']}.yaml", f"src/arnar/conf/model/{run_model(run)}.yaml",
                  f"src/arnar/conf/train/{TRAIN['recipe']}.yaml", "src/arnar/conf/config.yaml"],
     }
 
@@ -216,7 +252,7 @@ def recipe_lr_override(run):
 def hydra_overrides(wildcards, input):
     run = wildcards.run
     spec = RUNS[run]
-    overrides = [f"paradigm={spec['config']}", f"model={TRAIN['model']}", f"train={TRAIN['recipe']}",
+    overrides = [f"paradigm={spec['config']}", f"model={run_model(run)}", f"train={TRAIN['recipe']}",
                  f"train.seed={P['seed']}"]
     if "init_from" in spec:
         overrides.append(f"train.init_from={run_dir(spec['init_from'])}")

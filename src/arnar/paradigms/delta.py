@@ -66,6 +66,18 @@ Ablations (Table 5, Fig. 2): decoding options ``schedule`` (``shifted``/``unifor
 ``conv: false``: LoRA rank raised until LoRA alone has the trainable parameters of LoRA + conv);
 ``unfreeze: true`` (every weight trains); ``prompt_max: 0``.
 
+Causal-LoRA baseline (Table 5 text: "Fine-tuning the AR backbone on the same corpus with LoRA
+while keeping causal decoding reaches 1.87%, so part of the gain comes from English-only
+adaptation; the conversion accounts for the remainder"): ``causal: true`` (with ``conv: false``)
+is the same AR model with the same LoRA adapters (rank, alpha, the seven projections), frozen
+otherwise, trained on the same data for the same updates, but *not converted*: causal mask, the
+AR objective (:meth:`arnar.paradigms.ar.AR.training_example`, next-token cross-entropy on the
+speech and ``<eos>``) and AR decoding (:meth:`arnar.paradigms.ar.AR.generate`, KV cache), no
+conv modules and no mask token. DELTA minus this row is the conversion's own effect, the
+extra training taken out. (The conv module's kernel sees future frames, so it has no place in
+causal decoding; ``match_conv_budget: true`` gives the LoRA rank of DELTA's whole trainable
+budget instead of its LoRA rank.)
+
 Choices the paper's text leaves open (all options): LoRA rank 16 / alpha 32, conv kernel 15,
 ``mu = 0.3``, top-p 0.9, ``t_min`` 0.02, prompt prefix up to 40 % of the utterance, the length
 rule's weights (:mod:`arnar.decode.delta_schedules`).
@@ -87,6 +99,7 @@ from torch import nn
 from arnar.decode.delta_schedules import piece_weight, rule_based_frames, unmask_counts
 from arnar.decode.sampling import sample_tokens
 from arnar.paradigms import register_paradigm
+from arnar.paradigms.ar import AR
 from arnar.paradigms.base import (
     decoding_options,
     EOS,
@@ -139,20 +152,27 @@ def conv_module(dim: int, kernel_size: int, norm: str, dropout: float) -> nn.Mod
 
 
 @register_paradigm
-class DeltaTTS(Paradigm):
+class DeltaTTS(AR):
+    """The AR paradigm converted (an :class:`AR` subclass: ``causal: true`` keeps AR's example,
+    objective and decoding, the Table 5 causal-LoRA baseline)."""
+
     name = "delta"
 
     def __init__(self, vocab, model, *, ar_run: str | None = None, bpe_model: str | None = None,
                  lora_rank: int = 16, lora_alpha: float = 32.0, lora_dropout: float = 0.0,
                  conv: bool = True, conv_kernel: int = 15, conv_norm: str = "layer", conv_dropout: float | None = None,
                  match_conv_budget: bool = False, unfreeze: bool = False,
-                 prompt_max: float = 0.4, t_min: float = 0.02, **options: Any):
+                 prompt_max: float = 0.4, t_min: float = 0.02, causal: bool = False, **options: Any):
         super().__init__(vocab, model, ar_run=ar_run, bpe_model=bpe_model, lora_rank=lora_rank,
                          lora_alpha=lora_alpha, lora_dropout=lora_dropout, conv=conv, conv_kernel=conv_kernel,
                          conv_norm=conv_norm, conv_dropout=conv_dropout, match_conv_budget=match_conv_budget,
-                         unfreeze=unfreeze, prompt_max=prompt_max, t_min=t_min, **options)
+                         unfreeze=unfreeze, prompt_max=prompt_max, t_min=t_min, causal=causal, **options)
         if options:
             raise ValueError(f"delta: unknown options {sorted(options)}")
+        self.causal = bool(causal)
+        if self.causal and conv:
+            raise ValueError("delta causal (the causal-LoRA baseline) decodes left to right: the conv module sees "
+                             "future frames; set conv: false")
         cfg = self.model_config
         if cfg.cond_dim:
             raise ValueError("delta converts a plain AR LM: the backbone must have cond_dim = 0")
@@ -182,8 +202,8 @@ class DeltaTTS(Paradigm):
         if conv:
             self.conv_modules = nn.ModuleList(
                 conv_module(cfg.dim, conv_kernel, conv_norm, conv_dropout) for _ in range(cfg.n_layers))
-        # the mask token M (re-initialised from the AR embeddings by load_ar_weights)
-        self.mask_embedding = nn.Parameter(self.mean_speech_embedding())
+        # the mask token M (re-initialised from the AR embeddings by load_ar_weights); none when causal
+        self.mask_embedding = None if self.causal else nn.Parameter(self.mean_speech_embedding())
 
         self.text_pieces: list[tuple[str, bool]] | None = None
         if bpe_model is not None:
@@ -238,7 +258,8 @@ class DeltaTTS(Paradigm):
             if target.shape != tensor.shape:
                 raise ValueError(f"{ar_name}: AR shape {tuple(tensor.shape)} != {tuple(target.shape)}")
             target.copy_(tensor)
-        self.mask_embedding.copy_(self.mean_speech_embedding())
+        if self.mask_embedding is not None:
+            self.mask_embedding.copy_(self.mean_speech_embedding())
 
     def set_trainable(self, unfreeze: bool = False) -> None:
         """Default: only LoRA, the conv modules and M train; ``unfreeze``: everything trains."""
@@ -296,7 +317,10 @@ class DeltaTTS(Paradigm):
         return self.backbone.norm(x)
 
     def logits(self, input_ids, position_ids, attention_mask=None, cache=None, cond=None):
-        """Full-vocabulary logits (the Paradigm contract); bidirectional when no mask is given."""
+        """Full-vocabulary logits (the Paradigm contract); bidirectional when no mask is given
+        (causal, with the KV cache, for the causal-LoRA baseline)."""
+        if self.causal:
+            return super().logits(input_ids, position_ids, attention_mask, cache=cache, cond=cond)
         if cache is not None or cond is not None:
             raise ValueError("delta has no KV cache (bidirectional) and no condition vector")
         return self.head(self.hidden_states(input_ids, position_ids, attention_mask))
@@ -308,9 +332,13 @@ class DeltaTTS(Paradigm):
 
     # ------------------------------------------------------------------------- training
     def sequence_length(self, utt: Utterance) -> int:
+        if self.causal:
+            return len(utt.text) + utt.num_frames + 2  # AR's inputs: <sos> text <turn> speech
         return len(utt.text) + utt.num_frames + 3  # <sos> <turn> <eos>
 
     def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
+        if self.causal:
+            return super().training_example(utt, generator)
         T = utt.num_frames
         # prompt-conditioned training: an unmasked prefix of up to prompt_max; >= 1 target frame
         n_prompt = min(int(torch.rand((), generator=generator) * self.prompt_max * T), T - 1)
@@ -328,7 +356,10 @@ class DeltaTTS(Paradigm):
                        extras={"t": torch.tensor(t, dtype=torch.float32), "n_target": torch.tensor(n_target)})
 
     def forward(self, batch) -> LossOutput:
-        """Eq. 2 summed over the batch (see the module docstring for the normalisation)."""
+        """Eq. 2 summed over the batch (see the module docstring for the normalisation); the AR
+        objective when causal."""
+        if self.causal:
+            return super().forward(batch)
         hidden = self.hidden_states(batch.input_ids, batch.position_ids, batch.attention_mask)
         scored = batch.targets != IGNORE
         example_of = scored.nonzero(as_tuple=True)[0]
@@ -371,6 +402,8 @@ class DeltaTTS(Paradigm):
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        if self.causal:  # AR decoding with AR's options (top-k/top-p, RAS, length bounds)
+            return super().generate(request, generator, **decoding)
         opts = decoding_options("delta", DECODING, decoding)
         if opts["schedule"] not in ("shifted", "uniform"):
             raise ValueError(f"delta: schedule must be shifted or uniform, got {opts['schedule']!r}")
