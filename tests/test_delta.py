@@ -450,7 +450,7 @@ def test_table5_runs_in_the_dag(tmp_path):
     assert runs["ar_lora"] == ["paradigm=delta", "model=tiny", "train=smoke", "train.seed=1234",
                                "paradigm.options.ar_run=data/smoke/runs/ar",
                                "paradigm.options.bpe_model=data/smoke/tokenizers/bpe.model",
-                               "++paradigm.options.causal=true", "paradigm.options.conv=false", "train.max_steps=7"]
+                               "paradigm.options.causal=true", "paradigm.options.conv=false", "train.max_steps=7"]
     assert runs["delta_unfrozen"][0] == "paradigm=delta_unfrozen" and runs["delta_unfrozen"][-1] == "train.max_steps=7"
     assert "paradigm.options.ar_run=data/smoke/runs/ar" in runs["delta_unfrozen"]
 

@@ -232,7 +232,11 @@ ABLATION_TABLES = [
       ("syncspeech_causal", "causal mask instead of hybrid")]),
     ("delta_table5", "DELTA-TTS: components of the conversion", "delta_tts.txt Table 5", "Variant",
      [("delta", "DELTA-TTS (conv + LoRA + time-shifted + prompt)"), ("delta_noconv", "w/o convolution branch"),
-      ("delta_lora_budget", "w/o convolution, LoRA rank at its budget"), ("delta_noprompt", "w/o prompt-conditioned training")]),
+      ("delta_lora_budget", "w/o convolution, LoRA rank at its budget"), ("delta_noprompt", "w/o prompt-conditioned training"),
+      ("delta_unfrozen", "full unfreeze (no LoRA, + conv)"),
+      # the paper's causal baseline: the same LoRA budget and updates, trained causally, so the
+      # conversion's effect is read apart from the extra training
+      ("ar_lora", "AR + LoRA, causal (no conversion)"), ("ar", "the AR source model")]),
     ("cod_table5", "Chain-of-Details: coarse token types", "chain_of_details.txt Table V", "Coarse tokens",
      [("cod", "Decimated-with-3-levels (first quantizer decimated)"),
       ("cod_ind", "C2C1-Ind-trained (3 levels, k-means codebooks of their own on pooled latents)"),

@@ -54,8 +54,7 @@ RUNS = {
     # fine-tuned with the AR objective (causal, next token) on the same data for the same updates
     # (RUN_BASE below: delta's per-profile overrides) and decoded autoregressively, so that
     # delta - ar_lora is the conversion's effect without the extra training (delta.py `causal`)
-    # (`++`: delta.yaml does not list the option `causal`, whose default is false)
-    "ar_lora": {**DELTA_RUN, "overrides": ["++paradigm.options.causal=true", "paradigm.options.conv=false"]},
+    "ar_lora": {**DELTA_RUN, "overrides": ["paradigm.options.causal=true", "paradigm.options.conv=false"]},
     # Chain-of-Details models the first quantizer of the acoustic stack, temporal levels by decimation
     "cod": {"config": "cod", "stack": True, "features": True, "sized_as": "cod",
             "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},

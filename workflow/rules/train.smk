@@ -94,6 +94,9 @@ rule synthesize:
         prompts=f"{DATA}/eval/prompts/{{task}}",
         bpe=TEXT_UNITS,
         codec=system_codec_model,
+        # the forced aligner's word timings of the test split: SyncSpeech splits the prompt's
+        # speech at its text tokens' real end frames (uniformly only where an item has none)
+        prompt_alignments=f"{DATA}/align/{ALIGN['aligner']}/test.jsonl",
     output:
         system=directory(f"{DATA}/systems/{{system}}/{{task}}"),
     params:
@@ -112,7 +115,7 @@ rule synthesize:
     shell:
         "arnar synthesize --run-dir {params.run_dir} {params.codec} --bpe {input.bpe}"
         " --testlist {input.testlist} --prompts {input.prompts} --out {output.system}"
-        " --decoding '{params.decoding}' --seed {params.seed}"
+        " --decoding '{params.decoding}' --seed {params.seed} --prompt-alignments {input.prompt_alignments}"
         " --silence-dbfs {params.silence_dbfs} 2> {log}"
 
 
