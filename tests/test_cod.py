@@ -1,7 +1,9 @@
-"""Chain-of-Details: level sampling, conditioning corruption and dropout rates, the CFG null-condition
-path, the guidance (both forms) and noise that ``generate`` applies at each step against hand-worked
-logits, level lengths (T not divisible by 4), the forward-pass count, the loss contract (hand-worked),
-the features builder on data the test writes, and the DAC path on a small random-initialised DAC."""
+"""Chain-of-Details: level sampling, the training mask count (hand-worked for fixed seeds, and its
+2/pi mean), conditioning corruption and dropout rates, the CFG null-condition path, the guidance
+(both forms) and noise that ``generate`` applies at each step against hand-worked logits, its
+confidence re-masking on a scripted decoder, level lengths (T not divisible by 4), the
+forward-pass count, the loss contract (hand-worked), the features builder on data the test
+writes, and the DAC path on a small random-initialised DAC."""
 
 from __future__ import annotations
 
@@ -238,6 +240,46 @@ def test_guidance_at_the_neutral_weight_runs_the_conditional_model_alone(monkeyp
         m.generate(request(target_frames=4), torch.Generator(), guidance_form="paper")
 
 
+def test_generate_remasks_the_least_confident_fresh_tokens_and_never_a_committed_one():
+    # One level, 6 target frames, 3 steps: masks_per_step(6, 3) keeps floor(6 cos(pi s / 6)) masked
+    # after step s = 5, 3, 0, so the steps commit 1, 2, 3 tokens. A scripted decoder (no guidance,
+    # no noise, greedy) puts strength s_j on one code at each still-masked frame j and gives a
+    # committed frame all-zero logits, i.e. confidence 1/12 = 0.083, below any e^s / (e^s + 11) with
+    # s >= 1 (0.198 at s = 1): a committed frame would be the first re-masked if it were not pinned.
+    #   step 1, code j, s = 2 5 1 6 3 4 -> commits frame 3 (s = 6)
+    #   step 2, code j + 6, s = 4 1 6 . 2 5 on the masked frames 0 1 2 4 5 -> commits frames 2 (6)
+    #     and 5 (5); frames 0, 1, 4 stay masked (step one's strengths would have kept 0, 2, 4)
+    #   step 3, code j: commits frames 0, 1, 4
+    # so the codes are frame 3 -> 3, frames 2, 5 -> 8, 11, frames 0, 1, 4 -> 0, 1, 4
+    m = one_level_model()
+    P = 4  # text phonemes (no prompt)
+    strengths = {0: [2, 5, 1, 6, 3, 4], 1: [4, 1, 6, 0, 2, 5], 2: [2, 5, 1, 6, 3, 4]}
+    seen = []
+
+    def level_logits(input_ids, **kwargs):
+        step = len(seen)
+        m.backbone_calls += 1
+        seen.append(input_ids[0, P:].clone())
+        logits = torch.zeros(*input_ids.shape, VOCAB.size)
+        for j in range(6):
+            if input_ids[0, P + j] == MASK:
+                logits[:, P + j, VOCAB.speech_offset + j + 6 * (step == 1)] = strengths[step][j]
+        return logits
+
+    m.level_logits = level_logits
+    gen = m.generate(request(target_frames=6), torch.Generator().manual_seed(0), steps=3, temperature=0,
+                     guidance_start=0.0, guidance_end=0.0, noise_start=0.0)
+    assert [masked_positions(inputs) for inputs in seen] == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 4, 5], [0, 1, 4]]
+    # committed tokens are carried unchanged into the next pass
+    assert VOCAB.speech_codes(seen[1][3]).item() == 3
+    assert VOCAB.speech_codes(seen[2][[2, 3, 5]]).tolist() == [8, 3, 11]
+    assert gen.speech.tolist() == [0, 1, 8, 3, 4, 11] and gen.forward_passes == 3
+
+
+def masked_positions(inputs):
+    return (inputs == MASK).nonzero().flatten().tolist()
+
+
 # ----------------------------------------------------------------------------- training examples
 
 def test_level_sampling_frequencies():
@@ -281,6 +323,34 @@ def test_level_lengths_follow_the_decimation_factors():
             expected = [int(coarse[min(j // 2, len(coarse) - 1)]) + 1 for j in range(n)]
             assert previous[5:].tolist() == expected
     assert m.sequence_length(utt) >= 5 + 23
+
+
+@pytest.mark.parametrize("seed,u,count", [
+    # MaskGIT (III-B): u ~ U(0, 1), ceil(cos(pi u / 2) n) of the n target tokens masked. One level,
+    # no prompt, T = 23: u is the generator's draw after the level's (the prompt draws nothing
+    # without speech_prompt). seed 1: u = 0.40307, cos(0.63314) = 0.80617, x 23 = 18.54 -> 19;
+    # seed 2: u = 0.63711, cos(1.00078) = 0.53965, x 23 = 12.41 -> 13; seed 5: u = 0.90747,
+    # cos(1.42545) = 0.14484, x 23 = 3.33 -> 4
+    (1, 0.40307, 19), (2, 0.63711, 13), (5, 0.90747, 4),
+])
+def test_training_mask_count_hand_worked(seed, u, count):
+    replay = torch.Generator().manual_seed(seed)
+    torch.multinomial(torch.tensor([1.0]), 1, generator=replay)
+    assert float(torch.rand((), generator=replay)) == pytest.approx(u, abs=1e-5)
+    e = one_level_model().training_example(utterance(T=23), torch.Generator().manual_seed(seed))
+    assert int((e.input_ids == MASK).sum()) == int((e.targets != IGNORE).sum()) == count
+
+
+def test_training_mask_share_averages_two_over_pi():
+    # E[cos(pi u / 2)] = (2 / pi) [sin(pi u / 2)]_0^1 = 2 / pi = 0.63662; the ceil adds under one
+    # token, 1 / 200 of the share at n = 200 (0.0025 on average). Var[cos(pi u / 2)] = 1/2 - 4/pi^2
+    # = 0.0947, so the mean of 2000 draws has a standard deviation of sqrt(0.0947 / 2000) = 0.0069:
+    # tolerance 4 sigma = 0.028 around 0.63662 + 0.0025. (A uniform ratio would average 0.5.)
+    m = one_level_model()
+    utt = utterance(T=200)
+    shares = [float((e.input_ids == MASK).sum()) / 200 for e in examples(m, 2000, utt)]
+    assert float(np.mean(shares)) == pytest.approx(2 / math.pi + 0.0025, abs=0.028)
+    assert min(shares) > 0 and max(shares) <= 1
 
 
 def test_previous_level_corruption_rate():

@@ -1,11 +1,14 @@
 """DELTA-TTS (arnar/paradigms/delta.py, arnar/decode/delta_schedules.py): the conversion starts as
-the AR model, the shift and the Eq. 2 weighting against hand-worked examples, the Eq. 3 schedule
-against hand-worked counts, the length rule, trainable parts, the decoding loop, and Table 5's
-causal-LoRA baseline (option ``causal``) and its DAG wiring (``ar_lora``, ``delta_unfrozen``)."""
+the AR model, the shift and the Eq. 2 weighting against hand-worked examples, Eq. 2's t ~ U(t_min, 1)
+and per-token masking rate t over many draws, the Eq. 3 schedule against hand-worked counts, the
+length rule, trainable parts, the decoding loop and its top-p default, and Table 5's causal-LoRA
+baseline (option ``causal``) and its DAG wiring (``ar_lora``, ``delta_unfrozen``)."""
 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -196,6 +199,53 @@ def test_masking_only_touches_the_target_and_scores_only_masked_tokens():
         assert torch.equal(ex.targets[start - 1:-2][scored], VOCAB.speech(utt.speech[-n_target:])[masked])
 
 
+@pytest.mark.parametrize("t_min", [0.02, 0.3])
+def test_t_is_uniform_between_t_min_and_one(t_min):
+    # Eq. 2: t in (0, 1), here t = t_min + (1 - t_min) u, u ~ U(0, 1) (default floor 0.02, so the
+    # 1/t weight is at most 50). U(a, 1): mean (1 + a) / 2, variance (1 - a)^2 / 12. N = 4000:
+    # the mean's standard deviation is (1 - a) / sqrt(12 N) = 0.0045 at a = 0.02 (0.0032 at
+    # 0.3); tolerance 4 sigma. The sample variance of a uniform has relative standard deviation
+    # sqrt(0.8 / N) = 0.014 (kurtosis 1.8); tolerance 6 %. The smallest draw lies within 0.005 of a
+    # unless all 4000 missed it: (1 - 0.005 / (1 - a))^4000 < e^-20; the largest likewise near 1.
+    n = 4000
+    delta = converted(t_min=t_min)
+    assert converted().t_min == 0.02
+    utt = utterance()
+    t = torch.tensor([float(delta.training_example(utt, torch.Generator().manual_seed(s)).extras["t"])
+                      for s in range(n)], dtype=torch.float64)
+    assert float(t.min()) >= t_min - 1e-6 and float(t.max()) < 1.0
+    assert float(t.min()) < t_min + 0.005 and float(t.max()) > 0.995
+    sigma = (1 - t_min) / math.sqrt(12 * n)
+    assert float(t.mean()) == pytest.approx((1 + t_min) / 2, abs=4 * sigma)
+    assert float(t.var()) == pytest.approx((1 - t_min) ** 2 / 12, rel=0.06)
+
+
+def test_each_target_token_is_masked_with_probability_t():
+    # Eq. 2: each of the L target tokens is masked independently with probability t, so the masked
+    # share of an example is Binomial(L, t) / L: mean t, variance s^2 = t (1 - t) / L. With L = 200
+    # (no prompt) and N = 3000 examples, the mean of r = share - t has standard deviation at most
+    # sqrt(1 / (4 L N)) = 0.00065: tolerance 4 sigma = 0.0026. The mean of r^2 estimates the mean
+    # of s^2; r nearly Gaussian, Var r^2 = 2 s^4, and for t ~ U(0, 1) E[s^4] / E[s^2]^2 =
+    # (1/30) / (1/6)^2 = 1.2, so its relative standard deviation is sqrt(2 * 1.2 / N) = 0.028:
+    # tolerance 4 sigma = 11 %. Masking exactly round(t L) tokens would pass the first check and
+    # fail the second (residuals within 1 / (2L): mean r^2 = 1 / (12 L^2), 1 / (2L) = 0.25 % of the
+    # binomial's (1/6) / L).
+    n, L = 3000, 200
+    delta = converted(prompt_max=0.0)
+    utt = utterance(speech=tuple(i % 12 for i in range(L)))
+    shares, ts = [], []
+    for seed in range(n):
+        ex = delta.training_example(utt, torch.Generator().manual_seed(seed))
+        assert int(ex.extras["n_target"]) == L
+        shares.append(float((ex.input_ids == MASK).sum()) / L)
+        ts.append(float(ex.extras["t"]))
+    shares, ts = torch.tensor(shares, dtype=torch.float64), torch.tensor(ts, dtype=torch.float64)
+    residual = shares - ts
+    assert float(residual.mean()) == pytest.approx(0.0, abs=4 * math.sqrt(1 / (4 * L * n)))
+    assert float((residual ** 2).mean()) == pytest.approx(float((ts * (1 - ts) / L).mean()),
+                                                          rel=4 * math.sqrt(2 * 1.2 / n))
+
+
 def test_loss_is_masked_cross_entropy_weighted_by_inverse_t():
     delta = converted()
     text = torch.tensor([1, 2])
@@ -353,6 +403,37 @@ def test_decoding_reads_the_shifted_output_and_commits_the_most_confident_first(
     # uniform: 2 per step, the most confident (latest) positions first
     targets = [mask[start:start + 6] for mask in seen_masks]
     assert targets == [[True] * 6, [True] * 4 + [False] * 2, [True] * 2 + [False] * 4]
+
+
+PAPERS = Path("/work/shared/papers")
+
+
+def test_decoding_samples_with_top_p_by_default(monkeypatch):
+    # Sec. 3.5: "draws each candidate with top-p nucleus sampling [20]" and ranks by "the
+    # probability of the sampled token". The paper gives no p (nor a temperature, nor a top-k),
+    # so the default is plain nucleus sampling: temperature 1, no top-k, and p = 0.9, the value
+    # this module documents as its own choice (module docstring, "Choices the paper's text leaves
+    # open"). Every pass of generate must hand exactly those to the sampler.
+    import arnar.paradigms.delta as delta_module
+
+    calls = []
+
+    def recording(logits, generator, **kwargs):
+        calls.append(kwargs)
+        return logits.argmax(-1), logits.softmax(-1).amax(-1)
+
+    monkeypatch.setattr(delta_module, "sample_tokens", recording)
+    out = converted().generate(request(target_frames=6), torch.Generator().manual_seed(0), steps=2,
+                               schedule="uniform")
+    assert out.forward_passes == 2
+    assert calls == [{"temperature": 1.0, "top_k": 0, "top_p": 0.9}] * 2
+    calls.clear()
+    converted().generate(request(target_frames=6), torch.Generator(), steps=1, top_p=0.5)
+    assert calls == [{"temperature": 1.0, "top_k": 0, "top_p": 0.5}]
+    if (PAPERS / "delta_tts.txt").is_file():  # the passage, and no value of p anywhere in the paper
+        paper = (PAPERS / "delta_tts.txt").read_text()
+        assert "draws each candidate with top-$p$ nucleus sampling" in paper
+        assert not re.search(r"\$?p\$?\s*=\s*0?\.\d|top-\$?p\$?[\s(=:]*(of\s*)?0?\.\d", paper)
 
 
 def test_unknown_decoding_option_is_an_error():

@@ -1,7 +1,8 @@
 """PALLE: training masks against palle.txt Eqs. 7-10 (hand-worked for T = 20), the fused two-stream
-network, the stage-one step rule (Eq. 14, hand-worked for a 3 s prompt + 10 s target at 25 Hz),
-stage-two refinement (Eqs. 15-16) on scripted networks whose confidences are set by hand, the
-forward-pass count, stage freezing and the stage-1 -> stage-2 initialisation."""
+network (frame-by-frame text fusion on a hand-wired network), the stage-one step rule (Eq. 14,
+hand-worked for a 3 s prompt + 10 s target at 25 Hz), stage-two refinement (Eqs. 15-16) on
+scripted networks whose confidences are set by hand, the forward-pass count, stage freezing and
+the stage-1 -> stage-2 initialisation."""
 
 from __future__ import annotations
 
@@ -176,6 +177,57 @@ def test_text_padding_and_fusion_shapes():
     torch.testing.assert_close(logits[0, :7], alone[0], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="text_ids"):
         model.logits(batch.input_ids, batch.position_ids)
+
+
+def test_text_token_of_frame_i_is_fused_into_frame_i():
+    # Eqs. 6 / 13: the padded text stream is fused with the speech stream frame by frame, along the
+    # feature dimension. Wire a network where that is all it does: every residual branch writes
+    # zero (ConvNeXt's last pointwise conv, the conv position embedding's second conv, every
+    # block's o_proj and down_proj), both positional scales are 0, text id 8 + k embeds as the
+    # one-hot e_k, speech code c as e_{16+c}, <mask> and <pad> as 0; fuse = [I | I] adds the two
+    # halves; the head reads hidden dim j into speech code j (j < 12). The final RMSNorm (gain 1)
+    # scales a vector with n unit entries by sqrt(32 / n). So at frame i the speech logits are 0
+    # except at code k_i (the text token of frame i): sqrt(32) = 5.65685 after a <mask> frame,
+    # sqrt(32 / 2) = 4 after a code frame (the speech half shares the frame), and all 0 at <pad>.
+    model = build_paradigm("palle", VOCAB, TINY).eval()
+    network = model.stage_one
+    with torch.no_grad():
+        for module in (network.text_encoder.pointwise_out, network.conv_position.conv2,
+                       *(layer.attn.o_proj for layer in network.backbone.layers),
+                       *(layer.mlp.down_proj for layer in network.backbone.layers)):
+            module.weight.zero_()
+            if module.bias is not None:
+                module.bias.zero_()
+        network.speech_position_scale.zero_()
+        network.text_position_scale.zero_()
+        network.embed.weight.zero_()
+        for k in range(VOCAB.text_size):
+            network.embed.weight[VOCAB.text_offset + k, k] = 1.0
+        for c in range(VOCAB.speech_size):
+            network.embed.weight[VOCAB.speech_offset + c, 16 + c] = 1.0
+        network.fuse.weight.copy_(torch.cat([torch.eye(32), torch.eye(32)], dim=1))
+        network.fuse.bias.zero_()
+        network.head.weight.zero_()
+        network.head.weight[VOCAB.speech_offset:, :12] = torch.eye(12)
+    speech = torch.cat([VOCAB.speech(torch.tensor([3, 5])), torch.tensor([MASK, MASK, MASK])])[None]
+
+    def speech_logits(text):
+        with torch.no_grad():
+            logits = model.logits(speech, torch.arange(5)[None], text_ids=padded_text(VOCAB, torch.tensor(text), 5)[None])
+        return logits[0, :, VOCAB.speech_offset:]
+
+    def expected(codes_and_values):
+        out = torch.zeros(5, 12)
+        for frame, (code, value) in enumerate(codes_and_values):
+            out[frame, code] = value
+        return out
+
+    # text (1, 2, 4) on frames 0-2 (frames 0, 1 hold codes, frame 2 <mask>), <pad> on frames 3, 4
+    torch.testing.assert_close(speech_logits((1, 2, 4)), expected([(1, 4.0), (2, 4.0), (4, 5.65685)]),
+                               atol=1e-4, rtol=0)
+    # another text moves the logits with it, frame by frame: (7, 0, 9, 6)
+    torch.testing.assert_close(speech_logits((7, 0, 9, 6)),
+                               expected([(7, 4.0), (0, 4.0), (9, 5.65685), (6, 5.65685)]), atol=1e-4, rtol=0)
 
 
 # ----------------------------------------------------------------------------- decoding schedules
