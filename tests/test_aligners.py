@@ -728,3 +728,18 @@ def test_align_yaml_environment():
     assert any(str(d).startswith("montreal-forced-aligner=3.") for d in deps)
     pip = next(d["pip"] for d in deps if isinstance(d, dict))
     assert "-e .." in pip and "-r ../requirements.lock" in pip
+
+
+def test_items_from_cuts_keeps_the_first_n_of_each_speaker(tmp_path):
+    # five cuts in file order: a, b, a, a, b -> per_speaker=2 keeps a1, b1, a2 (a3 dropped), b2
+    lines = []
+    for utt, speaker in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a"), ("b2", "b")]:
+        lines.append(json.dumps({"id": utt, "recording": {"sources": [{"source": f"{utt}.wav"}]},
+                                 "supervisions": [{"speaker": speaker, "text": "hello"}]}))
+    manifest = tmp_path / "cuts.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    assert [i.utt_id for i in items_from_cuts(manifest, per_speaker=2)] == ["a1", "b1", "a2", "b2"]
+    assert [i.utt_id for i in items_from_cuts(manifest, per_speaker=1)] == ["a1", "b1"]
+    assert len(items_from_cuts(manifest)) == 5
+    with pytest.raises(ValueError, match="at least 1"):
+        items_from_cuts(manifest, per_speaker=0)

@@ -12,6 +12,13 @@ SPLITS = ["train", "dev", "test"]
 # codec's phone labels stay the aligner's: its one ARPAbet inventory for every voice (the
 # synthesizers' own phone sets differ, and a codec trained on them read 34 % WER against 26 %).
 TRAIN_ALIGNER = ALIGN["train_aligner"] or ALIGN["aligner"]
+# The codec's phone labels: the aligner's, on the whole train split, or where the train split's
+# durations come from elsewhere and `codec_labels_per_speaker` is set, on the first N utterances of
+# each training speaker only (the phone encoder trains for a capped number of steps, so a large
+# corpus needs no more labels than mini has; pocketsphinx aligns ~3 utterances a second).
+CODEC_LABELS_PER_SPEAKER = ALIGN["codec_labels_per_speaker"] if TRAIN_ALIGNER != ALIGN["aligner"] else None
+CODEC_LABELS = (f"{DATA}/align/{ALIGN['aligner']}/codec_labels.jsonl" if CODEC_LABELS_PER_SPEAKER
+                else f"{DATA}/align/{ALIGN['aligner']}/train.jsonl")
 
 
 rule align:
@@ -31,6 +38,26 @@ rule align:
     shell:
         "arnar align --aligner {wildcards.aligner} --cuts {input.cuts} --out {output.alignments}"
         " --quarantine {output.quarantine} 2> {log}"
+
+
+rule align_codec_labels:
+    """The aligner on a fixed subset of the train split: the offline codec's phone labels."""
+    input:
+        cuts=f"{DATA}/manifests/train_cuts.jsonl",
+    output:
+        alignments=f"{DATA}/align/{{aligner}}/codec_labels.jsonl",
+        quarantine=f"{DATA}/align/{{aligner}}/codec_labels_quarantine.tsv",
+    params:
+        per_speaker=CODEC_LABELS_PER_SPEAKER,
+    wildcard_constraints:
+        aligner="pocketsphinx",
+    log:
+        f"{LOGS}/align_{{aligner}}_codec_labels.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar align --aligner {wildcards.aligner} --cuts {input.cuts} --per-speaker {params.per_speaker}"
+        " --out {output.alignments} --quarantine {output.quarantine} 2> {log}"
 
 
 rule align_mfa:

@@ -11,7 +11,7 @@ rule train_codec:
     """Train the offline codec: phone-supervised 25 Hz tokens, an RVQ stack, a prompted decoder."""
     input:
         cuts=f"{DATA}/manifests/train_cuts.jsonl",
-        alignments=f"{DATA}/align/{P['alignment']['aligner']}/train.jsonl",
+        alignments=CODEC_LABELS,  # the aligner's phones (align.smk: all of train, or a subset)
     output:
         model=directory(f"{DATA}/codec/offline"),
     params:

@@ -223,20 +223,30 @@ def alignment_from_json(d: dict) -> Alignment:
 # --------------------------------------------------------------------------- manifests
 
 
-def items_from_cuts(path: str | Path, root: str | Path | None = None) -> list[AlignItem]:
+def items_from_cuts(path: str | Path, root: str | Path | None = None, per_speaker: int | None = None) -> list[AlignItem]:
     """AlignItems from a lhotse cuts JSONL (one single-file mono cut per line, as the data
     phase writes them): the recording's file, the supervision's text and, where the supervision
     carries an alignment (the synthesizer's oracle timings: lhotse AlignmentItems ``[symbol,
     start, duration, score]``), ``oracle = {"phones": [[sym, start, end]...], "words": ...}``.
-    Relative audio paths are resolved against ``root`` (default: the current directory)."""
+    Relative audio paths are resolved against ``root`` (default: the current directory).
+    ``per_speaker``: keep only the first N cuts of each speaker, in file order (a fixed subset:
+    the offline codec's phone labels need about an hour, not the whole of a large corpus)."""
+    if per_speaker is not None and per_speaker < 1:
+        raise ValueError(f"per_speaker must be at least 1, got {per_speaker}")
     root = Path(root) if root is not None else None
     items = []
+    kept: dict[str, int] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
             cut = json.loads(line)
             sup = cut["supervisions"][0]
+            if per_speaker is not None:
+                speaker = str(sup.get("speaker"))
+                kept[speaker] = kept.get(speaker, 0) + 1
+                if kept[speaker] > per_speaker:
+                    continue
             source = Path(cut["recording"]["sources"][0]["source"])
             if root is not None and not source.is_absolute():
                 source = root / source
