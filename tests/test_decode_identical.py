@@ -1,0 +1,222 @@
+"""Every paradigm's ``generate`` gives the same codes for a fixed seed as it did before the decoding
+loops were optimised (issue 23 item 1: loop overhead).
+
+The expected outputs below (``EXPECTED``) were produced by the code *before* that optimisation
+(commit 6421689, the decoding loops as they stood then), by running this module as a script
+(``python tests/test_decode_identical.py`` prints them). They pin behaviour: an optimisation that
+changes one sampled code, one random draw consumed, or one pass has changed the decoding, not
+just its speed. Small random-weight models (weights redrawn at a larger scale so that the
+distributions are peaked and position-dependent, zero-initialised adapters included), vocabularies
+larger than the top-k, each paradigm's default options plus the variants that take other code
+paths (oracle vs predicted lengths and durations, greedy, cache off, refinement rules, guidance
+forms).
+
+The models are float32 on the CPU with one thread; the codes depend on exact float arithmetic, so
+a different CPU (or BLAS build) could in principle flip a near-tie. If this test fails on another
+machine while the same commit passes here, regenerate the lists there from the pre-optimisation
+commit before concluding anything.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from arnar.paradigms import build_paradigm
+from arnar.paradigms.base import SynthesisRequest, Vocab
+
+VOCAB = Vocab(text_size=20, speech_size=40)  # larger than AR's top-k 25 over the whole id space
+MODEL = {"dim": 32, "n_layers": 2, "n_heads": 4, "ffn_dim": 64, "dropout": 0.0}
+COD_OPTIONS = {"speaker_dim": 8, "n_phonemes": 16, "duration_dim": 16, "duration_layers": 1, "duration_heads": 2}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build(name: str, **options: Any) -> torch.nn.Module:
+    """A random model whose every floating parameter (zero-initialised adapters, adaLN maps and
+    conv outputs included) is redrawn from one seeded generator: N(0, 0.3^2) for matrices, N(0, 0.1^2)
+    for vectors, so that distributions are peaked and every module matters."""
+    torch.manual_seed(0)
+    model = build_paradigm(name, VOCAB, MODEL, **options).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.is_floating_point():
+                p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() >= 2 else 0.1))
+    return model
+
+
+def request(seed: int, target_frames: int | None, text_len: int = 5, prompt_frames: int = 9,
+            cod: bool = False, text_ends: bool = False) -> SynthesisRequest:
+    g = torch.Generator().manual_seed(100 + seed)
+    text = torch.randint(VOCAB.text_size, (text_len,), generator=g)
+    prompt_text = torch.randint(VOCAB.text_size, (3,), generator=g)
+    prompt = torch.randint(VOCAB.speech_size, (prompt_frames,), generator=g)
+    req = SynthesisRequest(text, prompt_text, prompt, target_frames=target_frames)
+    if text_ends:  # oracle a_n: 1..4 frames per text token
+        req.text_ends = torch.randint(1, 5, (text_len,), generator=g).cumsum(0)
+    if cod:
+        req.features = {"phonemes": torch.randint(16, (2 * text_len,), generator=g),
+                        "prompt_phonemes": torch.randint(16, (5,), generator=g),
+                        "speaker": torch.randn(8, generator=g)}
+    return req
+
+
+# (case name, paradigm, build options, request options, decoding options)
+CASES: list[tuple[str, str, dict, dict, dict]] = [
+    ("ar", "ar", {}, {"target_frames": None}, {}),
+    ("ar_given", "ar", {}, {"target_frames": 14}, {}),
+    ("ar_greedy", "ar", {}, {"target_frames": 12}, {"temperature": 0}),
+    ("ar_no_filter", "ar", {}, {"target_frames": None}, {"top_k": 0, "top_p": 1.0, "ras_window": 0}),
+    ("nar", "nar", {}, {"target_frames": 17}, {}),
+    ("nar_eq11", "nar", {}, {"target_frames": None}, {"steps": 5, "top_k": 6}),
+    ("syncspeech_oracle", "syncspeech", {"max_duration": 6}, {"target_frames": None, "text_ends": True}, {}),
+    ("syncspeech", "syncspeech", {"max_duration": 6}, {"target_frames": None}, {"chunk_size": 4}),
+    ("syncspeech_sampled", "syncspeech", {"max_duration": 6}, {"target_frames": None}, {"speech_top_k": 3}),
+    ("syncspeech_uncached", "syncspeech", {"max_duration": 6, "q": 2}, {"target_frames": None},
+     {"cached": False, "speech_top_k": 2}),
+    ("palle", "palle", {"stage": 2}, {"target_frames": 16}, {"steps": 10}),
+    ("palle_defaults", "palle", {"stage": 2}, {"target_frames": 21}, {}),
+    ("palle_stage_one_confidence", "palle", {"stage": 2}, {"target_frames": 16},
+     {"steps": 5, "refine_rule": "stage_one_confidence", "gamma": 0.2}),
+    ("palle_even_split", "palle", {"stage": 2}, {"target_frames": None},
+     {"steps": 4, "stage_one_rule": "even_split", "refine_steps": 3}),
+    ("delta", "delta", {}, {"target_frames": 18}, {}),
+    ("delta_uniform", "delta", {}, {"target_frames": 11}, {"steps": 4, "schedule": "uniform", "top_k": 5}),
+    ("delta_rule", "delta", {}, {"target_frames": None}, {"steps": 8}),
+    ("cod", "cod", COD_OPTIONS, {"target_frames": 22, "cod": True}, {"steps": 6}),
+    ("cod_predictor", "cod", COD_OPTIONS, {"target_frames": None, "cod": True},
+     {"steps": 4, "guidance_form": "interpolate", "top_p": 0.8}),
+    ("cod_unguided", "cod", COD_OPTIONS, {"target_frames": 13, "cod": True},
+     {"steps": 5, "guidance_start": 0.0, "guidance_end": 0.0, "noise_start": 0.0, "top_k": 4}),
+]
+SEEDS = (0, 1, 2)
+
+
+def run_case(name: str) -> list[tuple[list[int], int]]:
+    """``[(codes, forward_passes)]`` of one case, one entry per seed (the request varies with it too)."""
+    _, paradigm, options, req_options, decoding = next(case for case in CASES if case[0] == name)
+    model = build(paradigm, **options)
+    out = []
+    for seed in SEEDS:
+        generation = model.generate(request(seed, **req_options), torch.Generator().manual_seed(seed), **decoding)
+        out.append((generation.speech.tolist(), int(generation.forward_passes)))
+    return out
+
+
+# Produced by the code before the loop-overhead optimisation (see the module docstring).
+EXPECTED: dict[str, list[tuple[list[int], int]]] = {
+    'ar':
+        [([30, 32, 4, 25, 8, 8, 0, 2, 17, 7, 12, 34, 11, 30, 15, 28, 1, 10, 16, 1, 25, 27, 9, 31, 34, 37, 10,
+           38, 1, 25, 24, 12, 1, 26, 9, 38, 12, 33, 9, 23, 0, 28, 4, 28, 12, 30, 24],
+          48),
+         ([34, 0, 25, 39, 30, 14, 33, 27, 18, 18, 14, 6, 39, 24, 28, 10, 30, 7, 28, 30, 2, 21, 9], 24),
+         ([2, 23, 17, 14, 30, 15, 13, 28, 10, 21, 0, 2, 23, 15, 33, 18, 20, 1, 18, 9, 7, 0, 38, 36, 39, 34, 10,
+           7, 13, 3, 0, 35, 10, 23, 26, 29, 25],
+          38)],
+    'ar_given':
+        [([30, 32, 4, 25, 8, 8, 0, 2, 17, 7, 12, 34, 11, 30], 14),
+         ([34, 0, 25, 39, 30, 14, 33, 27, 18, 18, 14, 6, 39, 24], 14),
+         ([2, 23, 17, 14, 30, 15, 13, 28, 10, 21, 0, 2, 23, 15], 14)],
+    'ar_greedy':
+        [([26, 25, 8, 25, 8, 30, 28, 37, 30, 28, 37, 32], 12),
+         ([34, 25, 27, 23, 2, 7, 25, 8, 34, 0, 15, 25], 12),
+         ([14, 30, 32, 2, 7, 25, 8, 25, 8, 13, 11, 34], 12)],
+    'ar_no_filter':
+        [([30, 32, 4, 25, 8, 8, 0, 2, 17, 0, 20, 34, 11, 30, 15, 28, 39, 31, 16, 15, 25, 27, 24, 9, 31, 34, 37,
+           12, 15, 1, 25, 7, 10, 1, 26, 39, 38, 12, 33, 9, 32, 36, 36, 4, 28, 0, 29, 24],
+          49),
+         ([34, 0, 25, 39, 30, 14, 33, 6, 13, 18, 11, 36, 33, 24, 28, 23, 30, 7, 28, 30, 2, 1, 30, 9, 19, 27, 19,
+           4, 24, 39, 0, 13, 29, 22, 1, 5, 27, 14, 9, 36, 39, 32, 37, 18, 22, 5, 0, 0, 37, 15, 15, 25, 34, 32,
+           39, 33, 22, 7, 2, 5, 6, 25, 8, 13, 13, 39, 16, 22, 30],
+          70),
+         ([13, 11, 3, 34, 30, 39, 4, 39, 34, 21, 0, 2, 23, 15, 33, 18, 20, 1, 18, 9, 7, 0, 38, 36, 2, 36, 10,
+           24, 13, 27, 0, 35],
+          33)],
+    'nar':
+        [([6, 34, 12, 5, 7, 25, 35, 32, 16, 34, 17, 16, 12, 32, 17, 3, 31], 16),
+         ([34, 5, 17, 16, 21, 39, 5, 35, 27, 27, 15, 3, 36, 19, 29, 13, 20], 16),
+         ([34, 32, 24, 20, 21, 35, 20, 25, 27, 22, 6, 2, 36, 14, 26, 32, 32], 16)],
+    'nar_eq11':
+        [([19, 5, 28, 28, 5, 5, 34, 28, 5, 34, 28, 34, 5, 35, 35], 5),
+         ([35, 19, 36, 19, 28, 19, 36, 19, 19, 34, 35, 19, 35, 35, 28], 5),
+         ([5, 28, 19, 19, 19, 36, 19, 36, 34, 35, 34, 36, 28, 36, 19], 5)],
+    'syncspeech_oracle':
+        [([13, 13, 16, 16, 16, 16, 16, 16, 16, 16, 16], 6), ([23, 37, 37, 37, 37, 37, 37, 37], 6),
+         ([9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], 6)],
+    'syncspeech':
+        [([16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 15, 15, 15, 15], 6),
+         ([37, 37, 37, 37, 37, 37, 37, 37], 6), ([16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16], 6)],
+    'syncspeech_sampled':
+        [([16, 16, 16, 13, 29, 16, 16, 29, 13, 16, 13, 29, 3, 13, 13, 16, 13, 16], 6),
+         ([23, 16, 23, 23, 37, 23, 16, 23, 37, 37, 16, 16, 23, 37, 37, 23, 37, 16, 23, 16], 6),
+         ([29, 16, 29, 29, 29, 16, 16, 16, 13, 16], 6)],
+    'syncspeech_uncached':
+        [([16, 16, 16, 13, 13, 16, 16, 16, 13, 16, 13, 16, 13, 13, 13, 16, 13, 16], 6),
+         ([23, 23, 23, 23, 37, 23, 37, 23, 37, 37, 37, 23, 23, 37, 37, 23, 37, 23, 23, 23], 6),
+         ([16, 16, 9, 16, 16, 16, 16, 16, 13, 16], 6)],
+    'palle':
+        [([19, 19, 37, 19, 3, 37, 16, 0, 29, 17, 33, 23, 11, 1, 16, 31], 22),
+         ([19, 37, 37, 1, 17, 0, 33, 16, 11, 0, 7, 23, 33, 0, 3, 31], 22),
+         ([37, 17, 3, 19, 7, 20, 17, 29, 11, 37, 0, 37, 38, 3, 32, 20], 22)],
+    'palle_defaults':
+        [([31, 23, 19, 19, 3, 29, 19, 19, 16, 37, 33, 6, 11, 33, 1, 33, 17, 3, 16, 16, 31], 35),
+         ([16, 6, 19, 33, 7, 1, 29, 31, 11, 4, 11, 7, 33, 0, 3, 19, 0, 25, 23, 37, 37], 35),
+         ([0, 1, 3, 19, 16, 20, 29, 16, 23, 19, 31, 6, 23, 3, 33, 37, 33, 17, 31, 3, 22], 35)],
+    'palle_stage_one_confidence':
+        [([9, 33, 31, 29, 37, 4, 1, 31, 16, 16, 9, 23, 19, 4, 17, 23], 8),
+         ([28, 1, 37, 19, 33, 6, 7, 16, 19, 37, 31, 7, 23, 31, 32, 29], 8),
+         ([6, 1, 16, 31, 29, 37, 17, 37, 17, 37, 32, 17, 7, 16, 19, 1], 8)],
+    'palle_even_split':
+        [([19, 19, 37, 19, 3, 37, 1, 0, 33, 0, 33, 25, 11, 31, 37], 10),
+         ([19, 0, 16, 1, 23, 0, 33, 17, 11, 0, 11, 0, 33, 0, 3], 10),
+         ([36, 11, 3, 19, 11, 17, 37, 17, 11, 37, 0, 37, 25, 3, 33], 10)],
+    'delta':
+        [([29, 17, 23, 4, 4, 4, 14, 14, 29, 14, 24, 29, 20, 4, 2, 2, 14, 32], 12),
+         ([14, 14, 9, 35, 27, 23, 21, 14, 4, 14, 14, 14, 25, 23, 14, 38, 29, 2], 12),
+         ([2, 24, 29, 24, 17, 14, 4, 23, 36, 14, 14, 4, 2, 29, 14, 14, 4, 14], 12)],
+    'delta_uniform':
+        [([23, 14, 4, 29, 14, 14, 14, 29, 14, 23, 23], 4), ([14, 29, 22, 14, 23, 29, 14, 14, 14, 23, 24], 4),
+         ([29, 14, 23, 23, 29, 14, 14, 14, 23, 14, 23], 4)],
+    'delta_rule':
+        [([4, 18, 14, 4, 27, 14, 23, 0, 29, 14, 8, 4, 4, 22, 34], 7),
+         ([14, 35, 1, 14, 2, 10, 14, 17, 33, 27, 14, 20, 23, 5, 29], 7),
+         ([22, 2, 4, 24, 5, 14, 23, 14, 10, 24, 38, 4, 35, 27, 24], 7)],
+    'cod':
+        [([3, 31, 11, 29, 19, 5, 12, 6, 1, 36, 24, 1, 24, 38, 20, 1, 23, 38, 1, 38, 14, 36], 18),
+         ([33, 37, 1, 25, 38, 22, 19, 1, 1, 6, 4, 25, 27, 38, 25, 25, 19, 38, 25, 3, 25, 13], 18),
+         ([19, 7, 7, 7, 19, 7, 7, 7, 37, 32, 7, 7, 7, 7, 7, 7, 7, 19, 35, 7, 7, 7], 18)],
+    'cod_predictor':
+        [([38, 23, 17, 9, 3, 10, 38, 38], 10), ([19, 19, 1, 1, 21, 25], 9),
+         ([19, 32, 25, 19, 7, 4, 7, 7, 19, 32, 7, 25, 7], 12)],
+    'cod_unguided':
+        [([38, 19, 23, 38, 38, 38, 38, 23, 38, 38, 38, 36, 38], 14),
+         ([19, 19, 19, 19, 25, 38, 19, 19, 38, 19, 19, 19, 19], 14),
+         ([7, 7, 7, 19, 7, 7, 7, 7, 19, 7, 7, 7, 19], 14)],
+}
+
+
+@pytest.mark.parametrize("name", [case[0] for case in CASES])
+def test_generate_unchanged(name):
+    assert run_case(name) == EXPECTED[name]
+
+
+if __name__ == "__main__":  # print EXPECTED from the current code
+    torch.set_num_threads(1)
+    import pprint
+
+    print("EXPECTED: dict[str, list[tuple[list[int], int]]] = {")
+    for case in CASES:
+        body = pprint.pformat(run_case(case[0]), width=104, compact=True).replace("\n", "\n" + " " * 8)
+        print(f"    {case[0]!r}:\n        {body},")
+    print("}")
+    sys.exit(0)
