@@ -1,7 +1,8 @@
 """Decoding speed of every paradigm at one backbone size, measured side by side.
 
     python bench/decode_speed.py [--model small] [--seconds 3 6 10 20] [--repeats 3] [--threads 2]
-                                 [--device cpu|cuda] [--paradigms ar nar ...] [--decoding palle.steps=50 ...]
+                                 [--device cpu|cuda] [--precision fp32|bf16] [--paradigms ar nar ...]
+                                 [--decoding palle.steps=50 ...]
 
 What is measured, per paradigm and utterance length, batch 1, random weights (speed does not
 depend on what the weights learned, only the length does, and every length here is given):
@@ -36,7 +37,7 @@ rotating) so machine load affects all alike; medians are reported. On a CPU the 
 compute-bound: a pass costs what its matrix products cost, so paradigms that run few passes
 over long sequences (NAR, PALLE, DELTA, CoD) lose part of their advantage over AR's many
 one-token passes with a KV cache; on a GPU a short pass costs about the launch overhead, which
-favours few passes (bench/gpu_decode_speed.sh runs the paper size there).
+favours few passes (bench/gpu_figures.py runs the paper size there, in bf16 autocast).
 
 Writes JSON (default results/bench/decode_speed.json), the table as a Markdown section of
 results/bench.md (between ``<!-- decode_speed -->`` and ``<!-- /decode_speed -->``, so other
@@ -47,6 +48,7 @@ benches can share the file) and a plot of passes and seconds against length
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -91,18 +93,58 @@ NETWORK_CALLS = {
 
 # ----------------------------------------------------------------------------- models
 
+def sized_model(model_size: str, paradigm: str) -> str:
+    """The model config a paradigm trains at this size: conf/model/<size>_<paradigm>.yaml where a
+    paradigm's paper states a size of its own (at paper scale: paper_cod, paper_delta), else
+    conf/model/<size>.yaml, the backbone the comparison shares (workflow/rules/runs.smk ``sized_model``)."""
+    own = f"{model_size}_{paradigm}"
+    return own if (CONF_DIR / "model" / f"{own}.yaml").exists() else model_size
+
+
+def paradigm_yaml(config_name: str) -> dict[str, Any]:
+    """conf/paradigm/<config_name>.yaml with the configs it extends (Hydra ``defaults`` of the same
+    group, then ``_self_``) merged in, options key by key, as Hydra composes them."""
+    own = yaml.safe_load((CONF_DIR / "paradigm" / f"{config_name}.yaml").read_text())
+    defaults = own.pop("defaults", None) or ["_self_"]
+    if "_self_" not in defaults:
+        defaults = [*defaults, "_self_"]
+    merged: dict[str, Any] = {}
+    for entry in defaults:
+        if not isinstance(entry, str):
+            raise ValueError(f"conf/paradigm/{config_name}.yaml: a defaults entry this reader cannot follow: {entry!r}")
+        part = own if entry == "_self_" else paradigm_yaml(entry)
+        options = {**(merged.get("options") or {}), **(part.get("options") or {})}
+        merged = {**merged, **part, "options": options}
+    return merged
+
+
 def load_config(config_name: str, model_size: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """``(paradigm name, model config, options)`` from conf/paradigm/<config_name>.yaml and
-    conf/model/<model_size>.yaml, read as plain YAML (the GPU image has no Hydra; for these flat
-    files it is the same composition, which tests/test_bench_decode.py checks)."""
-    paradigm = yaml.safe_load((CONF_DIR / "paradigm" / f"{config_name}.yaml").read_text())
-    if "defaults" in paradigm:
-        raise ValueError(f"conf/paradigm/{config_name}.yaml extends another config (Hydra defaults); "
-                         "benchmark the config it extends or compose it with arnar.train.compose_config")
-    model = yaml.safe_load((CONF_DIR / "model" / f"{model_size}.yaml").read_text())
+    """``(paradigm name, model config, options)`` from conf/paradigm/<config_name>.yaml (with the
+    configs it extends) and the model config the paradigm has at that size (:func:`sized_model`),
+    read as plain YAML (the GPU image has no Hydra; tests/test_bench_decode.py and
+    tests/test_bench_train.py check it is Hydra's composition). A ``# @package _global_`` model file
+    (paper_cod.yaml) holds ``model:`` and the paradigm options it sets."""
+    paradigm = paradigm_yaml(config_name)
+    name = str(paradigm["name"])
+    model = yaml.safe_load((CONF_DIR / "model" / f"{sized_model(model_size, name)}.yaml").read_text())
     options = dict(paradigm.get("options") or {})
+    if isinstance(model.get("model"), dict):  # a global package: model + paradigm options
+        options.update(((model.get("paradigm") or {}).get("options")) or {})
+        model = model["model"]
     options.pop("ar_run", None)  # DELTA: speed does not depend on which AR weights it starts from
-    return str(paradigm["name"]), model, options
+    return name, model, options
+
+
+# the vocabularies: the mini profile's (BPE 1000, offline codebook 512, offline_rvq 256), at paper
+# scale the libritts profile's (BPE 2000, S3Tokenizer v2's 6561 codes, DAC's 1024 for CoD): the
+# heads and the sampling over them cost what they cost in those runs (requests draw ids below
+# the mini sizes, valid in both)
+VOCABS = {"paper": (2000, 6561, 1024)}
+
+
+def vocab_for(model_size: str, paradigm: str) -> Vocab:
+    text, speech, stack = VOCABS.get(model_size, (TEXT_VOCAB, SPEECH_VOCAB, COD_SPEECH_VOCAB))
+    return Vocab(text_size=text, speech_size=stack if paradigm == "cod" else speech)
 
 
 @dataclass
@@ -114,22 +156,29 @@ class Setup:
     model: Paradigm
     frame_rate: float
     decoding: dict[str, Any]
+    autocast: torch.dtype | None = None  # generate under torch.autocast to this dtype (weights stay float32)
+
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # --precision: bf16 = autocast, as training on CUDA
 
 
 def build_setups(config_names: list[str], model_size: str, device: torch.device,
-                 decoding: dict[str, dict[str, Any]]) -> dict[str, Setup]:
+                 decoding: dict[str, dict[str, Any]], precision: str = "fp32") -> dict[str, Setup]:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     setups: dict[str, Setup] = {}
     for config_name in config_names:
         name, model_cfg, options = load_config(config_name, model_size)
         if name in setups:
             raise ValueError(f"two configs of paradigm {name!r}: benchmark one of them")
         cod = name == "cod"
-        vocab = Vocab(text_size=TEXT_VOCAB, speech_size=COD_SPEECH_VOCAB if cod else SPEECH_VOCAB)
+        vocab = vocab_for(model_size, name)
         with torch.random.fork_rng(devices=[]):  # random weights, the same on every run
             torch.manual_seed(0)
             model = build_paradigm(name, vocab, model_cfg, **options)
         model = model.to(device).eval()
-        setups[name] = Setup(name, model, COD_FRAME_RATE if cod else FRAME_RATE, dict(decoding.get(name, {})))
+        setups[name] = Setup(name, model, COD_FRAME_RATE if cod else FRAME_RATE, dict(decoding.get(name, {})),
+                             PRECISIONS[precision])
     unknown = set(decoding) - set(setups)
     if unknown:
         raise ValueError(f"--decoding for paradigms not benchmarked: {sorted(unknown)}")
@@ -250,6 +299,13 @@ class ForwardTimer:
             self._undo.pop()()
 
 
+def autocast(setup: Setup) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` to ``setup.autocast`` on the model's device, or nothing (float32)."""
+    if setup.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(setup.model.parameters()).device.type, dtype=setup.autocast)
+
+
 def decode_once(setup: Setup, request: SynthesisRequest, seed: int, sync: Callable[[], None],
                 profile: bool) -> dict[str, Any]:
     """One ``generate`` call, timed; with ``profile`` also the time inside the network calls."""
@@ -258,7 +314,8 @@ def decode_once(setup: Setup, request: SynthesisRequest, seed: int, sync: Callab
     try:
         sync()
         started = time.perf_counter()
-        generation = setup.model.generate(request, generator, **setup.decoding)
+        with autocast(setup):
+            generation = setup.model.generate(request, generator, **setup.decoding)
         sync()
         seconds = time.perf_counter() - started
     finally:
@@ -279,12 +336,15 @@ def decode_once(setup: Setup, request: SynthesisRequest, seed: int, sync: Callab
 def benchmark(model_size: str = "small", seconds: list[float] | tuple[float, ...] = (3, 6, 10, 20), repeats: int = 3,
               paradigms: list[str] | None = None, device: str = "cpu",
               decoding: dict[str, dict[str, Any]] | None = None, seed: int = 0,
-              log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+              log: Callable[[str], None] = lambda line: None, precision: str = "fp32",
+              setups: dict[str, Setup] | None = None) -> dict[str, Any]:
     """Run the benchmark; returns ``{"config", "environment", "results", "runs"}``: ``results``
-    one summary row per paradigm and length (medians, ratios to AR), ``runs`` every measurement."""
+    one summary row per paradigm and length (medians, ratios to AR), ``runs`` every measurement.
+    ``setups``: models already built by :func:`build_setups` from these arguments (else built here)."""
     device_ = torch.device(device)
     sync = synchronizer(device_)
-    setups = build_setups(list(paradigms or DEFAULT_PARADIGMS), model_size, device_, decoding or {})
+    if setups is None:
+        setups = build_setups(list(paradigms or DEFAULT_PARADIGMS), model_size, device_, decoding or {}, precision)
     names = list(setups)
     lengths = sorted(float(s) for s in seconds)
     requests = {s: make_requests(s, setups, seed=seed + int(round(s * 1000))) for s in lengths}
@@ -305,11 +365,14 @@ def benchmark(model_size: str = "small", seconds: list[float] | tuple[float, ...
 
     results = summarise(runs, setups, lengths)
     config = {"model": model_size, "seconds": lengths, "repeats": repeats, "device": device, "paradigms": names,
+              "precision": precision,
               "paradigm_configs": list(paradigms or DEFAULT_PARADIGMS), "seed": seed,
               "decoding": {name: setup.decoding for name, setup in setups.items()},
               "frame_rates": {name: setup.frame_rate for name, setup in setups.items()},
               "frames_per_bpe_25hz": FRAMES_PER_BPE, "prompt_seconds": PROMPT_SECONDS,
               "parameters": {name: sum(p.numel() for p in setup.model.parameters()) for name, setup in setups.items()},
+              "model_files": {name: sized_model(model_size, name) for name in names},
+              "vocab": {name: [setup.model.vocab.text_size, setup.model.vocab.speech_size] for name, setup in setups.items()},
               "model_config": yaml.safe_load((CONF_DIR / "model" / f"{model_size}.yaml").read_text())}
     return {"config": config, "environment": environment(device_), "results": results, "runs": runs}
 
@@ -379,14 +442,17 @@ def cells(row: dict[str, Any]) -> list[str]:
 
 def where_run(result: dict[str, Any]) -> str:
     env = result["environment"]
-    return env.get("gpu", f"CPU ({env['threads']} threads)")
+    return env.get("gpu", f"CPU ({env['threads']} thread{'s' if env['threads'] != 1 else ''})")
 
 
 def describe_run(result: dict[str, Any]) -> str:
     c, env = result["config"], result["environment"]
     m = c["model_config"]
     where = where_run(result)
-    return (f"model={c['model']} (dim {m['dim']}, {m['n_layers']} layers, random weights), {where}, batch 1, "
+    precision = {"bf16": "bf16 autocast", "fp32": "float32"}[c.get("precision", "fp32")]
+    own = [f"{name}: {file}" for name, file in c.get("model_files", {}).items() if file != c["model"]]
+    sizes = f"; {', '.join(own)}" if own else ""
+    return (f"model={c['model']} (dim {m['dim']}, {m['n_layers']} layers{sizes}; random weights), {where}, {precision}, batch 1, "
             f"median of {c['repeats']} interleaved repeats; 25 Hz tokens (CoD: 50 Hz first-quantizer stack, "
             f"twice the frames), {c['prompt_seconds']:g} s prompt, length given; torch {env['torch']}")
 
@@ -488,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                        help="bf16: generate under torch.autocast(bfloat16), float32 weights (as training on CUDA)")
     parser.add_argument("--decoding", nargs="*", default=[], metavar="PARADIGM.OPTION=VALUE",
                         help="decoding option overrides, e.g. palle.steps=50 (default: each paradigm's DECODING)")
     parser.add_argument("--seed", type=int, default=0)
@@ -501,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     result = benchmark(args.model, args.seconds, args.repeats, args.paradigms, args.device,
-                       parse_decoding(args.decoding), args.seed, log)
+                       parse_decoding(args.decoding), args.seed, log, args.precision)
     result["config"]["threads"] = args.threads
     print(text_table(result))
     for row in result["results"]:

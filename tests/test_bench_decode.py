@@ -192,14 +192,29 @@ def test_forward_timer_counts_nested_calls_once_and_detaches():
     assert timer.seconds < 0.18  # detached: nothing more is added
 
 
-def test_plain_yaml_configs_equal_hydra_composition():
+@pytest.mark.parametrize("size", ["tiny", "paper"])
+def test_plain_yaml_configs_equal_hydra_composition(size):
+    """Every paradigm config (those extending another through Hydra defaults too) at the model
+    config the DAG gives it at this size (``sized_model``: paper_cod / paper_delta where they
+    exist, a global package setting paradigm options as well)."""
     omegaconf = pytest.importorskip("omegaconf")
     from arnar.train import compose_config
 
-    for config in ds.DEFAULT_PARADIGMS:
-        name, model, options = ds.load_config(config, "tiny")
-        cfg = compose_config([f"paradigm={config}", "model=tiny"])
+    configs = sorted(p.stem for p in (ds.CONF_DIR / "paradigm").glob("*.yaml"))
+    assert set(ds.DEFAULT_PARADIGMS) <= set(configs) and "delta_noconv" in configs
+    for config in configs:
+        name, model, options = ds.load_config(config, size)
+        cfg = compose_config([f"paradigm={config}", f"model={ds.sized_model(size, name)}"])
         composed = omegaconf.OmegaConf.to_container(cfg.paradigm.options, resolve=True) or {}
         composed.pop("ar_run", None)
-        assert (name, options) == (cfg.paradigm.name, composed)
-        assert model == omegaconf.OmegaConf.to_container(cfg.model, resolve=True)
+        assert (name, options) == (cfg.paradigm.name, composed), config
+        assert model == omegaconf.OmegaConf.to_container(cfg.model, resolve=True), config
+
+
+def test_sized_model_follows_the_dag():
+    assert ds.sized_model("tiny", "cod") == "tiny" and ds.sized_model("small", "ar") == "small"
+    for paradigm in ("ar", "nar", "syncspeech", "palle", "delta", "cod"):
+        own = ds.CONF_DIR / "model" / f"paper_{paradigm}.yaml"
+        assert ds.sized_model("paper", paradigm) == (f"paper_{paradigm}" if own.exists() else "paper")
+    assert ds.vocab_for("paper", "ar").speech_size == 6561 and ds.vocab_for("paper", "cod").speech_size == 1024
+    assert ds.vocab_for("small", "cod").speech_size == ds.COD_SPEECH_VOCAB

