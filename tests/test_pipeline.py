@@ -75,7 +75,7 @@ def test_evaluation_and_report(smoke):
     for ablation in ("Chain-of-Details: temporal levels", "DELTA-TTS: unmasking steps", "PALLE: stages",
                      "SyncSpeech: pre-training and attention mask", "DELTA-TTS: time-shifted schedule", "SyncSpeech: look-ahead text tokens",
                      "PALLE: total duration multiplier (x ground-truth duration)", "Claims of the papers, tested on this run",
-                     "Chain-of-Details: coarse token types"):
+                     "Chain-of-Details: coarse token types", "Chain-of-Details: guidance form"):
         assert f"### {ablation}" in table
     assert re.search(r"\| The hybrid mask beats a causal mask \| syncspeech.txt Table 2 \| Cross-sentence \| wer \|"
                      r" syncspeech \d+\.\d\d ± \d+\.\d\d \| syncspeech_causal \d+\.\d\d \| \*\*(reproduced|tie|reversed)\*\* \|",
@@ -86,13 +86,14 @@ def test_evaluation_and_report(smoke):
         assert (results / "report/plots" / plot).stat().st_size > 10_000
 
 
-SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "cod"]  # the comparison: both tasks
+SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_paper"]  # the comparison: both tasks
 SEED2 = [f"{s}_seed2" for s in SYSTEMS]  # evaluation.synthesis_seeds: 2
 CROSS_ONLY = ["syncspeech_nopretrain", "syncspeech_causal", "cod_l1", "cod_l2", "syncspeech_q2", "delta_steps4",
-              "delta_mu1.0", "palle_dur0.7", "palle_dur1.0", "cod_ind", "cod_shared", "cod_units"]  # ablations, grids
+              "delta_mu1.0", "palle_dur0.7", "palle_dur1.0", "cod_ind", "cod_shared", "cod_units",
+              "cod_guidance_interpolate"]  # ablations, grids (the guidance form: cod.py's default is extrapolate)
 RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_l2", "cod_l1",
         "syncspeech_nopretrain", "syncspeech_causal_pretrain", "syncspeech_causal", "syncspeech_q2",
-        "cod_ind", "cod_shared", "cod_units"]
+        "cod_ind", "cod_shared", "cod_units", "cod_paper"]
 
 
 def test_paradigms_train_and_speak_every_item(smoke):
@@ -109,6 +110,9 @@ def test_paradigms_train_and_speak_every_item(smoke):
         config = (smoke / f"data/smoke/runs/{run}/config.yaml").read_text()
         assert f"coarse_tokenizer: data/smoke/codec/coarse_{kind}" in config and f"cod_{kind}_train.pt" in config
         assert json.loads((smoke / f"data/smoke/codec/coarse_{kind}/config.json").read_text())["kind"] == kind
+    # the paper's CoD (voice from the speaker embedding only), otherwise trained as cod
+    assert "speech_prompt: false" in (smoke / "data/smoke/runs/cod_paper/config.yaml").read_text()
+    assert "speech_prompt: true" in (smoke / "data/smoke/runs/cod/config.yaml").read_text()
     q2 = (smoke / "data/smoke/runs/syncspeech_q2/config.yaml").read_text()
     assert "q: 2" in q2 and "syncspeech_pretrain" in q2  # a training-time grid value: its own fine-tuning run
     for system in SYSTEMS + SEED2 + CROSS_ONLY:
@@ -153,8 +157,8 @@ def test_html_report_renders_with_working_audio(smoke, tmp_path):
     result = run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
                   page.as_uri()], tmp_path, timeout=120)
     players = re.findall(r"<audio[^>]*>", result.stdout)
-    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + the 7 systems of the comparison)
-    assert len(players) == 44
+    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + the 8 systems of the comparison)
+    assert len(players) == 48
     assert all('data-state="loaded"' in p for p in players), players
     assert "<h1>arnar report" in result.stdout
 

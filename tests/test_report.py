@@ -127,3 +127,33 @@ def test_wer_rtf_lines_follow_each_grid_axis_in_value_order(tmp_path):
                for i, s in enumerate(sorted(present))}
     assert plot_wer_vs_rtf(results, tmp_path / "p.png", grids=grids) and (tmp_path / "p.png").stat().st_size > 0
     assert not plot_wer_vs_rtf({"x": {"cross_sentence": {"asr": {"m": {"wer_corpus": 1.0}}}}}, tmp_path / "q.png")
+
+
+def test_string_valued_grid_and_the_papers_cod_row():
+    """CoD's guidance-form axis (string values) is drawn as a table, not a curve; the comparison names
+    `cod` (this project's speech-prompt prefix) and `cod_paper` (the paper's adaLN speaker only)."""
+    from arnar.ablations import value_name
+    from arnar.paradigms.cod import DECODING
+
+    default = DECODING["guidance_form"]
+    other = "interpolate" if default == "extrapolate" else "extrapolate"
+    assert value_name("interpolate") == "interpolate"
+    results = {"cod": both(wer=30.0, rtf=0.5, fpl_l=2.0, passes=120), "cod_seed2": both(wer=34.0),
+               "cod_paper": both(wer=40.0), "cod_paper_seed2": both(wer=44.0),
+               f"cod_guidance_{other}": {"cross_sentence": result(wer=25.0, rtf=0.4, fpl_l=1.5, passes=120)}}
+    layout = Layout(references=[], comparison={"cod": ["cod", "cod_seed2"],
+                                               "cod_paper": ["cod_paper", "cod_paper_seed2"]},
+                    grids={"cod_guidance_form": ["extrapolate", "interpolate"]},
+                    tasks={f"cod_guidance_{other}": ["cross_sentence"]})
+    tables = ablation_tables(results, layout)
+    assert f"| {default} | cod | 30.00 | 0.900 | 0.500 | 2.000 | 120.0 |" in tables
+    assert f"| {other} | cod_guidance_{other} | 25.00 | 0.900 | 0.400 | 1.500 | 120.0 |" in tables
+    assert "(chain_of_details.txt IV-B)" in tables and "| CFG form (w: 3 -> 0.75) | System |" in tables
+    assert not plot_grid(results, "cod_guidance_form", ["extrapolate", "interpolate"], None)  # a table axis
+    table = comparison_table(results, layout)
+    assert table.count("`cod`: this project's CoD") == 2  # under each task's table
+    assert "`cod_paper`: the paper's CoD (voice from the adaLN speaker embedding only" in table
+    # a profile without the paper's row has no note; no claim is made on either axis (the paper makes none)
+    alone = Layout(references=[], comparison={"cod": ["cod", "cod_seed2"]})
+    assert "this project's CoD" not in comparison_table(results, alone)
+    assert claims_section(results, layout) == ""

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from arnar.paradigms.cod import DECODING as COD_DECODING
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -52,6 +54,14 @@ GRIDS = {g.name: g for g in [
          "SyncSpeech: speech-token top-k (1 = greedy)", "stopk", decoding="speech_top_k"),
     Grid("cod_levels", "cod", "cod", 3, "Levels", "chain_of_details.txt Table IV",
          "Chain-of-Details: temporal levels", "l", config_of={1: "cod_l1", 2: "cod_l2", 3: "cod"}),
+    # chain_of_details.txt IV-B (Inference details) says only "we decrease the guidance level linearly
+    # from 3 to 0.75", not how w combines the conditional (c) and unconditional (u) logits: extrapolate
+    # c + w (c - u) (still pushes away from u at 0.75) or interpolate u + w (c - u) (w = 1 is plain c).
+    # Both decode the trained `cod` run. The default value (the `cod` row) is cod.py's own default, read
+    # from DECODING, so the row names follow when that default is changed after a measured run.
+    Grid("cod_guidance_form", "cod", "cod", COD_DECODING["guidance_form"], "CFG form (w: 3 -> 0.75)",
+         "chain_of_details.txt IV-B", "Chain-of-Details: guidance form (extrapolate c + w(c - u), "
+         "interpolate u + w(c - u))", "guidance_", decoding="guidance_form"),
     Grid("delta_steps", "delta", "delta", 16, "Steps", "delta_tts.txt Fig. 2",
          "DELTA-TTS: unmasking steps", "steps", decoding="steps", plot=True),
     Grid("delta_mu", "delta", "delta", 0.3, "Schedule mu (1 = uniform)", "delta_tts.txt Table 5, Eq. 3",
@@ -68,7 +78,8 @@ GRIDS = {g.name: g for g in [
 
 
 def value_name(value: Any) -> str:
-    """A grid value as it appears in a system name: 8 -> '8', 0.3 -> '0.3', 1.0 -> '1.0'."""
+    """A grid value as it appears in a system name: 8 -> '8', 0.3 -> '0.3', 1.0 -> '1.0',
+    'interpolate' -> 'interpolate' (a string is its own name, lower case)."""
     return str(value).lower()
 
 

@@ -122,6 +122,14 @@ def stat(results: dict, replicas: Sequence[str], task: str, read) -> Stat | None
     return Stat.of([read(results[s][task]) for s in replicas if s in results and task in results[s]])
 
 
+# What comparison rows are where their names alone do not say it: a project variant beside the
+# paper's own system. Each group is a line under every task's table when all its rows are there.
+ROW_NOTES = [
+    {"cod": "this project's CoD (the prompt's tokens as an unmasked prefix, besides the adaLN speaker embedding)",
+     "cod_paper": "the paper's CoD (voice from the adaLN speaker embedding only; chain_of_details.txt IV-A, Fig. 2)"},
+]
+
+
 def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None = None,
                      parameters: dict[str, float] | None = None) -> str:
     """One Markdown table per task in the columns of palle.txt Table 3: reference rows, then every
@@ -169,8 +177,12 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
         models = ", ".join(f"{n}: {first['asr'][n]['model']}{judge_fingerprint(first['asr'][n])}" for n in asr_names)
         seeds_note = (f" Paradigm rows: mean ± standard deviation over {seeds} synthesis seeds (speed columns: mean)."
                       if seeds > 1 else "")
+        present = {s for s, _ in rows}
+        notes = ["; ".join(f"`{s}`: {text}" for s, text in group.items()) + "."
+                 for group in ROW_NOTES if set(group) <= present]
         lines += ["", f"{first['items']} items. ASR {models}; SIM {first['sim']['backend']} "
-                      f"({first['sim']['model']}), {first['sim']['reference']}.{seeds_note}", ""]
+                      f"({first['sim']['model']}), {first['sim']['reference']}.{seeds_note}",
+                  *([""] + notes if notes else []), ""]
     return "\n".join(lines)
 
 

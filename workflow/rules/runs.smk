@@ -64,6 +64,14 @@ RUNS = {
     "cod_l1": {"config": "cod_l1", "stack": True, "features": True, "sized_as": "cod",
                "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
 }
+# The paper's CoD: voice from the adaLN speaker embedding only (chain_of_details.txt IV-A, Fig. 2),
+# where `cod` (this project's variant) also keeps the prompt's tokens as an unmasked prefix. The
+# same run as `cod` otherwise, with cod's per-profile overrides (RUN_BASE: the same updates). It
+# is a row of the comparison (SYSTEMS_OF) rather than an ablation set: it is the paper's model,
+# so it belongs beside the other papers' systems, speaks both tasks with every synthesis seed, and
+# `cod` vs `cod_paper` is read against the same seed spread as every other pair of rows.
+RUNS["cod_paper"] = {**RUNS["cod"],
+                     "overrides": RUNS["cod"].get("overrides", []) + ["paradigm.options.speech_prompt=false"]}
 if DELTA_SOURCE != "ar":
     RUNS[DELTA_SOURCE] = {"config": "ar", "sized_as": "delta"}
 # chain_of_details.txt Table V: CoD whose coarse levels are tokens of another kind
@@ -81,7 +89,7 @@ SYSTEMS_OF = {
     "syncspeech": {"syncspeech": ("syncspeech", {})},
     "palle": {"palle_stage1": ("palle", {"refine_steps": 0}), "palle": ("palle", {})},
     "delta": {"delta": ("delta", {})},  # its steps Pareto (Fig. 2) is the grid delta_steps
-    "cod": {"cod": ("cod", {})},
+    "cod": {"cod": ("cod", {}), "cod_paper": ("cod_paper", {})},  # ours (speech-prompt prefix), the paper's
 }
 # ablations named in training.ablations -> (the paradigm they vary, their extra systems); the
 # one-knob sweeps are grids (training.grids, arnar.ablations.GRIDS)
@@ -106,6 +114,7 @@ for _variant in ("delta_noconv", "delta_lora_budget", "delta_noprompt", "delta_u
     RUN_BASE[_variant] = "delta"
 RUN_BASE["ar_lora"] = "delta"  # the same updates as the conversion
 RUN_BASE.update({run: "cod" for run in COARSE_KINDS})
+RUN_BASE["cod_paper"] = "cod"  # the same budget as the variant it is compared with
 
 
 def check_paradigm_listed(what, paradigm):
@@ -142,6 +151,12 @@ for _axis, _values in TRAIN["grids"].items():
     _grid = GRIDS[_axis]
     check_paradigm_listed(f"training.grids.{_axis}", _grid.paradigm)
     _base_run, _base_options = SYSTEMS_OF[_grid.paradigm][_grid.base]
+    _base_decoding = TRAIN["decoding"].get(_grid.base, {})
+    if not _grid.training and not _grid.shared and _grid.decoding in _base_decoding:
+        # the axis' default value *is* the base system: decoded otherwise, its row would be mislabelled
+        raise WorkflowError(f"params.yaml: training.decoding.{_grid.base} sets {_grid.decoding!r}, the option the grid "
+                            f"{_axis} varies (its default {_grid.default!r} is the {_grid.base} row): change the "
+                            f"paradigm's default or leave the option to the grid")
     for _value, _system in grid_rows(_axis, _values):
         if _system == _grid.base:
             continue
@@ -152,7 +167,9 @@ for _axis, _values in TRAIN["grids"].items():
             RUN_BASE[_system] = _base_run
             PARADIGM_SYSTEMS[_system] = (_system, _base_options)
         else:
-            PARADIGM_SYSTEMS[_system] = (_base_run, {**_base_options, **_grid.shared, _grid.decoding: _value})
+            # decoded as the base system is (its training.decoding options too), but for the axis' option
+            PARADIGM_SYSTEMS[_system] = (_base_run, {**_base_options, **_base_decoding, **_grid.shared,
+                                                     _grid.decoding: _value})
         SYSTEM_TASKS[_system] = TRAIN["grid_tasks"]
 PARADIGMS = list(PARADIGM_SYSTEMS)  # evaluated systems of the paradigms (rows of the tables)
 

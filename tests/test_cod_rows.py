@@ -1,0 +1,134 @@
+"""Chain-of-Details' extra rows (issue 22 items 6-7): the guidance-form grid and the paper's model.
+
+* ``cod_guidance_form``: a decoding axis (no retraining) whose values are both CFG forms of
+  ``arnar.paradigms.cod``; the value that is cod.py's default is the ``cod`` row itself.
+* ``cod_paper``: the paper's CoD (``speech_prompt: false``, voice from the adaLN speaker
+  embedding only) as a comparison row, trained exactly as ``cod`` is otherwise.
+
+The registry is read where it acts: the train and synthesize commands a Snakemake dry run
+plans (workflow/rules/runs.smk), and the Hydra config those overrides compose.
+"""
+
+import json
+import re
+
+import pytest
+
+from arnar.ablations import GRIDS, check_grid_values, grid_rows
+from arnar.config import ConfigError, load_params
+from arnar.paradigms.cod import DECODING, GUIDANCE_FORMS
+
+# a profile-level override of cod: every run trained as cod must take it too (RUN_BASE)
+COD_STEPS = "train.max_steps=7"
+
+
+def test_guidance_form_axis_decodes_both_forms_of_the_trained_cod():
+    grid = GRIDS["cod_guidance_form"]
+    assert grid.paradigm == "cod" and grid.base == "cod"
+    assert not grid.training and grid.decoding == "guidance_form"  # decoding only: the cod run, decoded again
+    assert set(GUIDANCE_FORMS) == {"extrapolate", "interpolate"}
+    assert grid.default == DECODING["guidance_form"]  # the cod row is cod.py's default form
+    rows = dict(grid_rows("cod_guidance_form", ["extrapolate", "interpolate"]))
+    other = "interpolate" if DECODING["guidance_form"] == "extrapolate" else "extrapolate"
+    assert rows == {DECODING["guidance_form"]: "cod", other: f"cod_guidance_{other}"}
+    with pytest.raises(ValueError, match="repeated value"):
+        check_grid_values("cod_guidance_form", ["interpolate", "interpolate"])
+    assert grid.source == "chain_of_details.txt IV-B"  # "we decrease the guidance level linearly from 3 to 0.75"
+
+
+@pytest.mark.parametrize("profile", ["smoke", "mini"])
+def test_smoke_and_mini_list_both_guidance_forms(profile):
+    P = load_params(overrides={"profile": profile})
+    assert P["training"]["grids"]["cod_guidance_form"] == ["extrapolate", "interpolate"]
+    assert "cod" in P["training"]["paradigms"]
+
+
+def test_the_schema_refuses_an_unknown_guidance_form():
+    with pytest.raises(ConfigError, match="cod_guidance_form"):
+        load_params(overrides={"profile": "smoke", "profiles": {"smoke": {"training": {"grids": {
+            "cod_guidance_form": ["extrapolate", "average"]}}}}})
+
+
+@pytest.fixture(scope="module")
+def smoke_plan(tmp_path_factory):
+    """The smoke DAG's shell commands (dry run), with a profile override of cod's updates."""
+    from smoke_dag import BIN, copy_workflow, run
+
+    workflow = copy_workflow(tmp_path_factory.mktemp("wf"))
+    profiles = {"smoke": {"training": {"overrides": {"cod": [COD_STEPS]}}}}
+    return run([str(BIN / "snakemake"), "-n", "-p", "--cores", "1", "--config", "profile=smoke",
+                f"profiles={json.dumps(profiles)}"], workflow).stdout
+
+
+def train_overrides(plan):
+    jobs = re.finditer(r"arnar train --run-dir \S+/runs/(\w+) .*? -- (.*?) 2>", plan)
+    return {m.group(1): m.group(2).split() for m in jobs}
+
+
+def synthesized(plan):
+    """system -> task -> decoding options of every planned synthesis."""
+    out = {}
+    for m in re.finditer(r"arnar synthesize --run-dir \S+/runs/(\w+) .*? --out \S+/systems/(\w+)/(\w+) "
+                         r"--decoding '(.*?)'", plan):
+        out.setdefault(m.group(2), {})[m.group(3)] = (m.group(1), json.loads(m.group(4)))
+    return out
+
+
+def test_cod_paper_trains_as_cod_without_the_speech_prompt(smoke_plan):
+    runs = train_overrides(smoke_plan)
+    cod, paper = runs["cod"], runs["cod_paper"]
+    assert "paradigm.options.speech_prompt=false" in paper and not any("speech_prompt" in o for o in cod)
+    # the same config, model, recipe, features and updates (cod's profile override included): nothing else differs
+    assert [o for o in paper if o != "paradigm.options.speech_prompt=false"] == cod
+    assert cod[:3] == ["paradigm=cod", "model=tiny", "train=smoke"] and cod[-1] == COD_STEPS
+    assert "data.features=data/smoke/features/cod_train.pt" in paper
+
+
+def test_cod_paper_config_differs_from_cod_in_the_speech_prompt_only(smoke_plan):
+    from arnar.train import compose_config
+
+    runs = train_overrides(smoke_plan)
+    cod = compose_config(runs["cod"])
+    paper = compose_config(runs["cod_paper"])
+    assert cod.paradigm.options.speech_prompt is True and paper.paradigm.options.speech_prompt is False
+    paper.paradigm.options.speech_prompt = True
+    assert paper == cod
+
+
+def test_cod_paper_is_a_comparison_row_and_the_guidance_grid_decodes_the_cod_run(smoke_plan):
+    systems = synthesized(smoke_plan)
+    # a row of the comparison: both tasks, every synthesis seed (smoke: 2)
+    for system in ("cod_paper", "cod_paper_seed2"):
+        assert set(systems[system]) == {"continuation", "cross_sentence"}
+        assert all(run == "cod_paper" and options == {} for run, options in systems[system].values())
+    # the grid: one more decoding of the trained cod run, on the grid tasks only
+    other = "interpolate" if DECODING["guidance_form"] == "extrapolate" else "extrapolate"
+    assert systems[f"cod_guidance_{other}"] == {"cross_sentence": ("cod", {"guidance_form": other})}
+    assert systems["cod"]["cross_sentence"] == ("cod", {})
+    layout = json.loads(re.search(r"arnar report .*? --layout '(.*?)'", smoke_plan).group(1))
+    assert layout["comparison"]["cod_paper"] == ["cod_paper", "cod_paper_seed2"]
+    assert layout["grids"]["cod_guidance_form"] == ["extrapolate", "interpolate"]
+
+
+def test_a_decoding_grid_decodes_as_its_base_row_and_may_not_move_its_default(tmp_path):
+    """training.decoding of cod reaches the guidance grid's system too (the axis' option aside), and
+    setting the axis' own option there (which would relabel the cod row) stops the DAG, key named."""
+    from smoke_dag import BIN, copy_workflow, run
+
+    workflow = copy_workflow(tmp_path / "wf")
+    other = "interpolate" if DECODING["guidance_form"] == "extrapolate" else "extrapolate"
+
+    def plan(decoding):
+        profiles = {"smoke": {"training": {"decoding": {"cod": decoding}}}}
+        target = f"data/smoke/systems/cod_guidance_{other}/cross_sentence"
+        return run([str(BIN / "snakemake"), "-n", "-p", "--cores", "1", target,
+                    "--config", "profile=smoke", f"profiles={json.dumps(profiles)}"], workflow, check=False)
+
+    ok = plan({"length": "prompt_rate"})  # (a string: --config turns the numbers of a JSON value into strings)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert synthesized(ok.stdout)[f"cod_guidance_{other}"]["cross_sentence"] == \
+        ("cod", {"guidance_form": other, "length": "prompt_rate"})
+    refused = plan({"guidance_form": other})
+    assert refused.returncode != 0
+    assert "training.decoding.cod sets 'guidance_form', the option the grid cod_guidance_form varies" in \
+        refused.stdout + refused.stderr
