@@ -146,7 +146,7 @@ def test_the_dag_gives_each_paradigm_its_paper_model(tmp_path):
     expected_delta = {"delta", "delta_ar", "ar_lora", "delta_noconv", "delta_lora_budget", "delta_noprompt",
                       "delta_unfrozen"}
     assert {run for run, model in models.items() if model == "paper_delta"} == expected_delta
-    assert {run for run, model in models.items() if model == "paper_cod"} == {"cod", "cod_l1", "cod_l2"}
+    assert {run for run, model in models.items() if model == "paper_cod"} == {"cod", "cod_l1", "cod_l2", "cod_paper"}
     assert {"ar", "nar", "syncspeech", "palle_stage1", "palle"} <= {r for r, m in models.items() if m == "paper"}
     assert set(models.values()) == {"paper", "paper_cod", "paper_delta"}
     assert re.search(r"runs/delta .*paradigm\.options\.ar_run=data/libritts/runs/delta_ar ", out)
