@@ -70,6 +70,9 @@ class MoonshineFrontend:
         options = ort.SessionOptions()
         options.intra_op_num_threads = max(1, int(threads))
         options.inter_op_num_threads = 1
+        # no busy-waiting between ops: on a few cores shared with training jobs a spinning pool
+        # burns the cycles the other jobs need (onnxruntime spins by default)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.model_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
