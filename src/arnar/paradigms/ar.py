@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from arnar.decode.sampling import repetition_aware, restrict_logits, sample_tokens
+from arnar.decode.sampling import repetition_aware, sample_ids
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
     decoding_options,
@@ -81,6 +81,14 @@ class AR(Paradigm):
         allowed = self.speech_or_eos(device)
         no_eos = allowed.clone()
         no_eos[EOS] = False
+        # what the loop needs, made once: the restriction once <eos> is allowed (ids set to -inf)
+        # and the positions of the generated tokens (token n, 0-based, is the input at position
+        # len(prefix) + n). While <eos> is not allowed the allowed ids are the speech codes, the
+        # ids from speech_offset on: the sampler then reads them without a restricted copy.
+        disallowed, disallowed_eos = ~allowed, ~no_eos
+        positions = torch.arange(len(prefix), len(prefix) + max_len, device=device)[None]
+        sampling = {"temperature": opts["temperature"], "top_k": opts["top_k"], "top_p": opts["top_p"]}
+        window, ras_ratio = int(opts["ras_window"]), opts["ras_ratio"]
 
         started = time.perf_counter()
         first_packet_seconds = None  # an AR model can stream: the first chunk exists after chunk_size tokens
@@ -88,12 +96,18 @@ class AR(Paradigm):
         logits = self.logits(prefix[None], torch.arange(len(prefix), device=device)[None], cache=cache)[:, -1]
         passes, generated = 1, []
         while True:
-            step_logits = restrict_logits(logits, allowed if len(generated) >= min_len else no_eos)
-            ids, _ = sample_tokens(step_logits, generator, temperature=opts["temperature"],
-                                   top_k=opts["top_k"], top_p=opts["top_p"])
-            ids = repetition_aware(ids, step_logits, generated, generator,
-                                   window=opts["ras_window"], max_ratio=opts["ras_ratio"])
-            token = int(ids[0])
+            eos_allowed = len(generated) >= min_len
+            if eos_allowed:
+                ids = sample_ids(logits.masked_fill(disallowed, float("-inf")), generator, **sampling)
+            else:
+                ids = sample_ids(logits, generator, allowed_from=self.vocab.speech_offset, **sampling)
+            token = int(ids[0])  # the one host sync of a step
+            if window > 0 and generated and generated[-window:].count(token) > ras_ratio * window:
+                # repetition-aware sampling redraws from the whole (restricted) distribution
+                step_logits = logits.masked_fill(disallowed if eos_allowed else disallowed_eos, float("-inf"))
+                ids = repetition_aware(ids, step_logits, generated, generator, window=window, max_ratio=ras_ratio,
+                                       token=token)
+                token = int(ids[0])
             if token == EOS:
                 break
             generated.append(token)
@@ -101,7 +115,7 @@ class AR(Paradigm):
                 first_packet_seconds = time.perf_counter() - started
             if len(generated) >= max_len:
                 break
-            position = torch.tensor([[len(prefix) + len(generated) - 1]], device=device)
+            position = positions[:, len(generated) - 1:len(generated)]
             logits = self.logits(ids[None], position, cache=cache)[:, -1]
             passes += 1
         speech = self.vocab.speech_codes(torch.tensor(generated, dtype=torch.long))

@@ -419,20 +419,22 @@ class DeltaTTS(AR):
                                   masked).to(device)
         start = len(sequence) - 1 - n_target
         positions = torch.arange(len(sequence), device=device)
+        bidirectional = torch.ones(len(sequence), len(sequence), dtype=torch.bool, device=device)  # made once
+        sampling = {"temperature": opts["temperature"], "top_k": opts["top_k"], "top_p": opts["top_p"]}
+        still = torch.arange(n_target)  # the masked target positions, ascending (the draws' order)
         calls_before = self.backbone_calls
         for k in commits:
             if k == 0:
                 continue  # nothing to commit at this step: a pass would change nothing
-            hidden = self.hidden_states(sequence[None], positions)[0, start - 1:start - 1 + n_target]  # shift
-            still = masked.nonzero(as_tuple=True)[0]
+            hidden = self.hidden_states(sequence[None], positions, bidirectional)[0, start - 1:start - 1 + n_target]
             # sampled on the CPU: the caller's generator is a CPU generator
             logits = self.speech_logits(hidden[still.to(device)]).float().cpu()
-            codes, confidence = sample_tokens(logits, generator, temperature=opts["temperature"],
-                                              top_k=opts["top_k"], top_p=opts["top_p"])
+            codes, confidence = sample_tokens(logits, generator, **sampling)
             chosen = torch.topk(confidence, k).indices
             commit = still[chosen]
             sequence[start + commit.to(device)] = self.vocab.speech(codes[chosen]).to(device)
             masked[commit] = False
+            still = masked.nonzero(as_tuple=True)[0]
         passes = self.backbone_calls - calls_before
         assert not masked.any(), "the schedule must commit every target token"
         speech = self.vocab.speech_codes(sequence[start:start + n_target].cpu())

@@ -89,30 +89,37 @@ class NAR(Paradigm):
         start = len(sequence) - n_target
         positions = torch.arange(len(sequence), device=device)[None]
         bidirectional = torch.ones(1, len(sequence), len(sequence), dtype=torch.bool, device=device)
-        speech_head = self.head.weight[self.vocab.speech_offset:]  # only speech codes are ever sampled
         steps = int(opts["steps"])
         target = sequence[start:]  # a view: writing it updates the sequence
-        masked = masked.to(device)
+        sampling = {"temperature": opts["temperature"], "top_k": opts["top_k"], "top_p": opts["top_p"]}
+        # the masked target positions, ascending (the order the sampler's draws follow), kept as
+        # indices from step to step instead of a mask searched again every step
+        rows = torch.arange(n_target, device=device)
         passes = 0
         for step, keep_masked in enumerate(masks_per_step(n_target, steps), start=1):
             hidden = self.backbone(self.embed(sequence[None]), positions, bidirectional)[0, start:]
             passes += 1
-            rows = masked.nonzero().squeeze(-1)  # predict the masked positions only
-            codes, probs = sample_tokens(hidden[rows] @ speech_head.T, generator, temperature=opts["temperature"],
-                                         top_k=opts["top_k"], top_p=opts["top_p"])
+            # predict the masked positions only
+            codes, probs = sample_tokens(self.speech_logits(hidden[rows]), generator, **sampling)
             target[rows] = codes + self.vocab.speech_offset
             # re-mask the least confident fresh predictions; committed tokens are never re-masked.
             # Confidence: log-probability plus Gumbel noise annealed to zero over the steps.
             annealing = opts["noise"] * (1.0 - step / steps)
             gumbel = -torch.log(-torch.log(torch.rand(len(rows), generator=generator).clamp_min(1e-20)))
-            confidence = torch.log(probs.clamp_min(1e-20)) + annealing * gumbel.to(device)
-            masked = torch.zeros_like(masked)
             if keep_masked > 0:
-                masked[rows[torch.topk(confidence, keep_masked, largest=False).indices]] = True
-                target[masked] = MASK
+                confidence = torch.log(probs.clamp_min(1e-20)) + annealing * gumbel.to(device)
+                rows = rows[torch.topk(confidence, keep_masked, largest=False).indices].sort().values
+                target[rows] = MASK
+            else:
+                rows = rows[:0]
         speech = self.vocab.speech_codes(sequence[start:].cpu())
         return Generation(speech, forward_passes=passes, info={"target_frames": n_target,
                                                              "length_from": "given" if request.target_frames else "eq11"})
+
+    def speech_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., dim]`` -> ``[..., speech_size]``: the head's speech rows only (only speech codes
+        are ever sampled), ``hidden @ W_speech^T``."""
+        return hidden @ self.head.weight[self.vocab.speech_offset:].T
 
     def logits(self, input_ids, position_ids, attention_mask=None, cache=None, cond=None):
         if attention_mask is None:  # this paradigm is bidirectional everywhere

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from arnar.decode.sampling import restrict_logits, sample_tokens
+from arnar.decode.sampling import sample_tokens
 from arnar.decode.schedules import total_frames_estimate
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
@@ -373,21 +373,28 @@ class PALLE(Paradigm):
         return opts
 
     def _speech_logits(self, network: PalleNetwork, speech: torch.Tensor, text: torch.Tensor,
-                       at: torch.Tensor) -> torch.Tensor:
+                       at: torch.Tensor, opts: dict[str, Any] | None = None) -> torch.Tensor:
         """One pass of ``network`` over the whole sequence -> float logits ``[len(at), V]`` at
-        frames ``at``, on the CPU, every id but the speech ids at -inf."""
-        S = len(speech)
-        hidden = network.hidden(speech[None], text[None], torch.arange(S, device=speech.device)[None],
-                                torch.ones(1, S, S, dtype=torch.bool, device=speech.device))
+        frames ``at``, on the CPU, every id but the speech ids at -inf. ``opts["_pass_inputs"]``
+        (set by :meth:`generate`): the pass's positions, mask and non-speech ids, made once."""
+        inputs = (opts or {}).get("_pass_inputs") or self._pass_inputs(len(speech), speech.device)
+        positions, attention, disallowed = inputs
+        hidden = network.hidden(speech[None], text[None], positions, attention)
         logits = network.head(hidden[0, at.to(speech.device)]).float().cpu()
-        return restrict_logits(logits, self.vocab.is_speech(torch.arange(self.vocab.size)))
+        return logits.masked_fill(disallowed, float("-inf"))
+
+    def _pass_inputs(self, S: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions ``[1, S]``, the all-True mask ``[1, S, S]`` and the non-speech ids ``[V]`` (CPU)
+        of a decoding pass over ``S`` frames: the same for every pass of a generation."""
+        return (torch.arange(S, device=device)[None], torch.ones(1, S, S, dtype=torch.bool, device=device),
+                ~self.vocab.is_speech(torch.arange(self.vocab.size)))
 
     def _predict(self, network: PalleNetwork, speech: torch.Tensor, text: torch.Tensor, at: torch.Tensor,
                  generator: torch.Generator, opts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass of ``network``; sampled speech ids at frames ``at`` and their confidence
         ``log P^max`` (Eq. 16). Sampling runs on the CPU, where the caller's generator lives (the
         same draws on any device)."""
-        logits = self._speech_logits(network, speech, text, at)
+        logits = self._speech_logits(network, speech, text, at, opts)
         ids, _ = sample_tokens(logits, generator, temperature=float(opts["temperature"]), top_p=float(opts["top_p"]))
         return ids, log_max_probability(logits)
 
@@ -434,7 +441,7 @@ class PALLE(Paradigm):
             if n_open == 0:
                 break
             if rule == "rescore":
-                confidence = log_max_probability(self._speech_logits(self.stage_two, speech, text, generated))
+                confidence = log_max_probability(self._speech_logits(self.stage_two, speech, text, generated, opts))
             else:
                 confidence = stage_one_confidence
             chosen = lowest_confidence(confidence.masked_fill(pinned, PINNED), min(count, n_open))
@@ -465,6 +472,7 @@ class PALLE(Paradigm):
         speech = torch.cat([self.vocab.speech(request.prompt_speech),
                             torch.full((n_generate,), MASK, dtype=torch.long)]).to(device)
         passes_before = self.stage_one.passes + self.stage_two.passes
+        opts = {**opts, "_pass_inputs": self._pass_inputs(total, device)}  # the same for every pass
         spans = stage_one_spans(n_generate, int(opts["steps"]), total, rule=opts["stage_one_rule"], r=opts["r"])
         confidence = self.commit_spans(speech, text, n_prompt, spans, generator, opts)
         refined = self.refine(speech, text, n_prompt, confidence, generator, opts)

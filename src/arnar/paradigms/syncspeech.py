@@ -298,49 +298,117 @@ def speech_chunks(steps: Iterable[StreamStep], chunk_size: int) -> Iterator[Chun
     (possibly empty, so that the consumer always learns the final counts)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    pending = torch.zeros(0, dtype=torch.long)
+    pieces: list[Tensor] = []  # the pending codes, joined only when a chunk is complete
+    n_pending = 0
     step = None
     for step in steps:
-        pending = torch.cat([pending, step.speech.long().cpu()])
-        while len(pending) >= chunk_size:
-            yield Chunk(pending[:chunk_size], step.text_tokens_read, step.forward_passes, last=False)
-            pending = pending[chunk_size:]
+        if len(step.speech):
+            pieces.append(step.speech.long().cpu())
+            n_pending += len(step.speech)
+        if n_pending >= chunk_size:
+            pending = torch.cat(pieces)
+            while len(pending) >= chunk_size:
+                yield Chunk(pending[:chunk_size], step.text_tokens_read, step.forward_passes, last=False)
+                pending = pending[chunk_size:]
+            pieces, n_pending = [pending], len(pending)
     if step is not None:
-        yield Chunk(pending, step.text_tokens_read, step.forward_passes, last=True)
+        rest = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+        yield Chunk(rest, step.text_tokens_read, step.forward_passes, last=True)
 
 
 class _Decoder:
     """Runs the backbone over a growing, croppable layout: with a KV cache (only the new positions
     go through the network) or without (the whole layout every pass). Same positions and mask either
-    way. ``passes`` counts backbone calls."""
+    way. ``passes`` counts backbone calls.
 
-    def __init__(self, model: SyncSpeech, cached: bool):
+    The layout lives in one preallocated int64 table, one column per position, rows :data:`FIELDS`:
+    the :class:`Layout` fields and, per position as a query, the bounds of the hybrid mask
+    (:func:`hybrid_attention_mask`) in the form ``key allowed <=> key position < limit`` (the
+    limit for text keys and the one for stream keys) plus the span it shares with its keys (-2:
+    none). A pass's new positions are collected as Python ints (``add_*``) and written with one
+    copy; its mask rows are then four elementwise operations over ``[new, all]``, the same booleans
+    as :func:`hybrid_attention_mask` (tests/test_syncspeech.py compares them)."""
+
+    FIELDS = ("input_ids", "position_ids", "is_text", "span", "text_seen", "duration_of",
+              "text_limit", "stream_limit", "query_span")
+
+    def __init__(self, model: SyncSpeech, cached: bool, capacity: int = 256):
         from arnar.nn import KVCache
 
         self.model = model
-        self.layout: Layout | None = None
+        self.bidirectional = model.attention == "hybrid"
+        self.device = model.embed.weight.device
         self.cache = KVCache() if cached else None
         self.passes = 0
+        self.table = torch.zeros(len(self.FIELDS), capacity, dtype=torch.long)
+        self.length = 0  # positions in the layout
+        self.pending: list[list[int]] = [[] for _ in self.FIELDS]
 
-    def run(self, new: Layout) -> Tensor:
-        """Hidden states ``[len(new), dim]`` of the new positions, appended to the layout."""
-        full = new if self.layout is None else Layout.cat([self.layout, new])
-        bidirectional = self.model.attention == "hybrid"
-        device = self.model.embed.weight.device
-        inputs = new if self.cache is not None else full
-        mask = hybrid_attention_mask(full, inputs, bidirectional=bidirectional)
-        hidden = self.model.backbone(self.model.embed(inputs.input_ids.to(device))[None],
-                                     inputs.position_ids.to(device)[None], mask.to(device)[None], cache=self.cache)
+    def _add(self, ids: list[int], positions: range, *, is_text: bool, span: int = -1, text_seen: int = 0,
+             duration_of: int = -1) -> None:
+        n = len(ids)
+        columns = self.pending
+        columns[0].extend(ids)
+        columns[1].extend(positions)
+        columns[2].extend([int(is_text)] * n)
+        columns[3].extend([span] * n)
+        columns[4].extend([text_seen] * n)
+        columns[5].extend([duration_of] * n)
+        if is_text:  # text queries: text keys up to their own position, no stream key
+            columns[6].extend(p + 1 for p in positions)
+            columns[7].extend([0] * n)
+        else:  # stream queries: the text seen, stream keys up to their own position
+            columns[6].extend([text_seen] * n)
+            columns[7].extend(p + 1 for p in positions)
+        columns[8].extend([span if self.bidirectional and span >= 0 else -2] * n)
+
+    def add_text(self, ids: list[int], start: int) -> None:
+        """Text tokens (shared ids) at text positions ``start, start + 1, ..`` (:func:`text_part`)."""
+        self._add(ids, range(start, start + len(ids)), is_text=True)
+
+    def add_span(self, ids: list[int], start: int, text_seen: int, token: int) -> None:
+        """Speech/mask tokens of text token ``token`` from stream position ``start`` (:func:`span_part`)."""
+        self._add(ids, range(start, start + len(ids)), is_text=False, span=token, text_seen=text_seen)
+
+    def add_marker(self, token: int, position: int, text_seen: int, duration_of: int = -1) -> None:
+        """One ``E`` or ``D`` at stream ``position`` (:func:`marker`)."""
+        self._add([token], range(position, position + 1), is_text=False, text_seen=text_seen,
+                  duration_of=duration_of)
+
+    def run(self) -> Tensor:
+        """Hidden states ``[n, dim]`` of the ``n`` positions added since the last pass, now part of
+        the layout."""
+        new = torch.tensor(self.pending, dtype=torch.long)
+        self.pending = [[] for _ in self.FIELDS]
+        n, start = new.shape[1], self.length
+        end = start + n
+        if end > self.table.shape[1]:
+            grown = torch.zeros(len(self.FIELDS), max(2 * self.table.shape[1], end), dtype=torch.long)
+            grown[:, :start] = self.table[:, :start]
+            self.table = grown
+        self.table[:, start:end] = new
+        self.length = end
+        keys = self.table[:, :end]
+        queries = new if self.cache is not None else keys.clone()  # inputs never alias the table
+        mask = self.attention_mask(keys, queries)
+        model = self.model
+        hidden = model.backbone(model.embed(queries[0].to(self.device))[None], queries[1].to(self.device)[None],
+                                mask.to(self.device)[None], cache=self.cache)
         self.passes += 1
-        self.layout = full
-        return hidden[0, -len(new):]
+        return hidden[0, -n:]
+
+    @staticmethod
+    def attention_mask(keys: Tensor, queries: Tensor) -> Tensor:
+        """``[len(queries), len(keys)]`` hybrid mask from table columns (see the class docstring)."""
+        key_text = keys[2].bool()[None, :]
+        limit = torch.where(key_text, queries[6][:, None], queries[7][:, None])
+        return (keys[1][None, :] < limit) | (keys[3][None, :] == queries[8][:, None])
 
     def drop_last(self, n: int) -> None:
         """Forget the last ``n`` positions (layout and cache)."""
-        keep = len(self.layout) - n
-        self.layout = self.layout[:keep]
+        self.length -= n
         if self.cache is not None:
-            self.cache.crop(keep)
+            self.cache.crop(self.length)
 
 
 # ----------------------------------------------------------------------------- the paradigm
@@ -450,8 +518,6 @@ class SyncSpeech(Paradigm):
         prompt_ends = (uniform_ends(P, len(prompt_speech)) if prompt_ends is None
                        else check_ends(prompt_ends, P, len(prompt_speech), "prompt"))
         given = None if text_ends is None else durations(text_ends).tolist()
-        speech_allowed = torch.zeros(vocab.size, dtype=torch.bool)
-        speech_allowed[vocab.speech_offset:] = True
 
         source, arrived, ended = iter(text), [], False
 
@@ -471,29 +537,32 @@ class SyncSpeech(Paradigm):
             return int(self._choose(logits, generator, int(opts["duration_top_k"]), float(opts["temperature"])))
 
         decoder = _Decoder(self, cached=bool(opts["cached"]))
+        text_offset, speech_offset = vocab.text_offset, vocab.speech_offset
         # 1. the first pass: once q + 1 text tokens are there, predict the first duration
         wait_for(q + 1)
         if not arrived:
             return
         seen = P + len(arrived)
-        parts = [text_part(vocab.text(torch.cat([prompt_text, torch.tensor(arrived, dtype=torch.long)])), 0),
-                 marker(END_OF_TEXT, 0, seen)]
+        decoder.add_text([i + text_offset for i in prompt_text.tolist() + arrived], 0)
+        decoder.add_marker(END_OF_TEXT, 0, seen)
         position = 1
-        prompt_starts = torch.cat([prompt_ends.new_zeros(1), prompt_ends[:-1]])
-        for k in range(P):
-            parts.append(marker(DURATION, position, seen, duration_of=k))
-            ids = vocab.speech(prompt_speech[int(prompt_starts[k]):int(prompt_ends[k])])
-            parts.append(span_part(ids, position + 1, seen, token=k))
-            position += 1 + len(ids)
-        parts.append(marker(DURATION, position, seen, duration_of=P))
+        prompt_ids = [c + speech_offset for c in prompt_speech.tolist()]
+        prompt_starts = [0] + prompt_ends.tolist()[:-1]
+        for k, (a, b) in enumerate(zip(prompt_starts, prompt_ends.tolist())):
+            decoder.add_marker(DURATION, position, seen, duration_of=k)
+            decoder.add_span(prompt_ids[a:b], position + 1, seen, token=k)
+            position += 1 + len(prompt_ids[a:b])
+        decoder.add_marker(DURATION, position, seen, duration_of=P)
         position += 1
-        hidden = decoder.run(Layout.cat(parts))
+        hidden = decoder.run()
         duration = next_duration(hidden[-1], 0)
         in_sequence = len(arrived)  # target text tokens already placed in the sequence
         yield StreamStep(torch.zeros(0, dtype=torch.long), len(arrived), decoder.passes, duration)
 
         # 2. one pass per target text token
+        speech_top_k, temperature = int(opts["speech_top_k"]), float(opts["temperature"])
         previous: Tensor | None = None  # the codes of the span decoded last pass
+        previous_ids: list[int] = []  # the same as shared ids
         n = 0
         while True:
             n += 1
@@ -502,28 +571,39 @@ class SyncSpeech(Paradigm):
                 break
             token = P + n - 1  # 0-based index, prompt included, of the text token spoken now
             seen = P + len(arrived)
-            parts = [text_part(vocab.text(torch.tensor(arrived[in_sequence:], dtype=torch.long)), P + in_sequence)]
+            decoder.add_text([i + text_offset for i in arrived[in_sequence:]], P + in_sequence)
             in_sequence = len(arrived)
             if previous is not None:
                 # the last pass's masks and the D after them attended masks: replace them by the real
                 # tokens (and that D again), as every span before the masked one is in training
-                decoder.drop_last(len(previous) + 1)
-                position -= len(previous) + 1
-                parts.append(span_part(vocab.speech(previous), position, seen, token=token - 1))
-                parts.append(marker(DURATION, position + len(previous), seen, duration_of=token))
-                position += len(previous) + 1
-            parts.append(span_part(torch.full((duration,), MASK), position, seen, token=token))
-            parts.append(marker(DURATION, position + duration, seen, duration_of=token + 1))
+                decoder.drop_last(len(previous_ids) + 1)
+                position -= len(previous_ids) + 1
+                decoder.add_span(previous_ids, position, seen, token=token - 1)
+                decoder.add_marker(DURATION, position + len(previous_ids), seen, duration_of=token)
+                position += len(previous_ids) + 1
+            decoder.add_span([MASK] * duration, position, seen, token=token)
+            decoder.add_marker(DURATION, position + duration, seen, duration_of=token + 1)
             position += duration + 1
-            hidden = decoder.run(Layout.cat(parts))
-            previous = torch.zeros(0, dtype=torch.long)
+            hidden = decoder.run()
+            previous, previous_ids = torch.zeros(0, dtype=torch.long), []
             if duration > 0:
-                span_hidden = hidden[len(hidden) - 1 - duration:len(hidden) - 1]
-                logits = restrict_logits(self.head(span_hidden), speech_allowed)
-                ids = self._choose(logits, generator, int(opts["speech_top_k"]), float(opts["temperature"]))
-                previous = vocab.speech_codes(ids.reshape(-1))
+                previous = self._span_codes(hidden[len(hidden) - 1 - duration:len(hidden) - 1], generator,
+                                            speech_top_k, temperature)
+                previous_ids = [c + speech_offset for c in previous.tolist()]
             duration = next_duration(hidden[-1], n)
             yield StreamStep(previous, len(arrived), decoder.passes, duration)
+
+    def _span_codes(self, span_hidden: Tensor, generator: torch.Generator, top_k: int, temperature: float) -> Tensor:
+        """Speech codes ``[n]`` of one span's hidden states: :meth:`_choose` over the head's logits
+        restricted to the speech ids. Greedy reads the speech columns (the same argmax, no
+        restricted copy)."""
+        logits = self.head(span_hidden)
+        if top_k == 1 or temperature <= 0:
+            return logits[:, self.vocab.speech_offset:].argmax(-1).cpu()
+        allowed = torch.zeros(self.vocab.size, dtype=torch.bool)
+        allowed[self.vocab.speech_offset:] = True
+        ids = self._choose(restrict_logits(logits, allowed), generator, top_k, temperature)
+        return self.vocab.speech_codes(ids.reshape(-1))
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
