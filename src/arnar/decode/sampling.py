@@ -12,30 +12,33 @@ formulation on random inputs). What makes them cheaper:
   ``q ~ Exp(1)`` drawn from the generator over the whole row (:func:`draw`), which is how
   ``multinomial`` draws one sample, so the same generator gives the same ids and ends in the
   same state;
-* top-k followed by top-p on one CPU row (the AR loop's step) sorts nothing: the sorted filtered
-  row is the top-k values followed by -inf, the cumulative mass of the nucleus is summed on the
-  host exactly as ``torch.cumsum`` does it (float32 values, double accumulator) and compared in
-  float32, and the kept ids are written into a row of -inf (:func:`_sample_row_top_k_top_p`);
+* top-k followed by top-p on one CPU row (the AR loop's step) sorts nothing and, where the outcome
+  is certain, computes no softmax: the nucleus and the draw are decided on the host from the
+  top-k values in double precision when they are farther from the cut (and the second largest
+  draw ratio) than the float32 computation can deviate, and by the exact float32 computation
+  otherwise (:func:`_sample_row_token`);
 * temperature 1 divides by nothing (``x / 1.0 == x`` exactly), and without filtering the
   filtered softmax is the full one, computed once;
 * top-p on many CPU rows sorts the values with numpy (an AVX-512 sort, ~20x faster than
   ``torch.sort`` on rows of 512; the sorted values are the same numbers whatever the algorithm)
   and maps the kept prefix back by a threshold instead of scattering sort indices; where that
   mapping could differ from the scatter (a tie across the cut, a dropped set that is not a
-  suffix of the sorted row) the row batch takes the plain path (:func:`top_p_drop`).
+  suffix of the sorted row) the row batch takes the plain path (:func:`_top_p_numpy`);
+* on many CPU rows the draw's division and argmax run in numpy (IEEE division, first maximum).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from array import array
 
 import torch
 
-# top-p rows at or above this many elements sort with numpy on the CPU (below, torch.sort's fixed
-# cost is smaller than the conversions)
-NUMPY_SORT_MIN_ELEMENTS = 16384
+# CPU float32 row batches of at least this many elements take the nucleus and the draw's argmax
+# through numpy (below, torch's per-call cost is the smaller)
+NUMPY_MIN_ELEMENTS = 16384
 
 
 def restrict_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -57,37 +60,43 @@ def _top_p_drop_plain(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
 
 
-def _top_p_drop_numpy(logits: torch.Tensor, top_p: float) -> torch.Tensor | None:
-    """The drop mask from numpy-sorted values, or None where only the plain path is exact."""
+def _top_p_numpy(logits: torch.Tensor, top_p: float) -> torch.Tensor | None:
+    """:func:`filter_top_k_top_p`'s nucleus on CPU float32 rows through numpy, or None where only
+    the plain path is exact. The sorted values are those of ``torch.sort`` (the same numbers); the
+    softmax and the cumulative mass are torch's; what numpy computes is exact in IEEE float32
+    (comparison, selection). The scatter's drop set is then {ids at sorted positions >= kept} when the
+    dropped positions are a suffix (the first dropped is the ``kept``-th) and the value at the cut
+    is not repeated after it (a tie across the cut is ordered by torch.sort's tie rule); that is
+    {ids whose logit < the last kept value}."""
     import numpy as np
 
-    V = logits.shape[-1]
-    ascending = np.sort(logits.detach().numpy(), axis=-1)
-    sorted_logits = torch.from_numpy(np.ascontiguousarray(ascending[:, ::-1]))
-    drop_sorted = _top_p_drop_sorted(sorted_logits, top_p)
-    kept = V - drop_sorted.sum(-1, keepdim=True)  # >= 1: the first id has no mass before it
-    position = torch.arange(V)
-    # the scatter's drop set is {ids at sorted positions >= kept} when the dropped positions are a
-    # suffix and the value at the cut is not repeated after it (a tie across the cut is ordered by
-    # torch.sort's tie rule); then it is {ids whose logit < the last kept value}
-    threshold = sorted_logits.gather(-1, kept - 1)
-    after = sorted_logits.gather(-1, kept.clamp(max=V - 1))
-    suffix = torch.equal(drop_sorted, position >= kept)
-    untied = bool(((after < threshold) | (kept == V)).all())
-    if not (suffix and untied):
+    x = logits.detach().numpy()
+    V = x.shape[-1]
+    ascending = np.sort(x, axis=-1)
+    if np.isnan(ascending[:, -1]).any():  # NaN sorts last in numpy, first in torch
         return None
-    return logits < threshold
+    sorted_desc = np.ascontiguousarray(ascending[:, ::-1])
+    p = torch.from_numpy(sorted_desc).softmax(-1)
+    drop = ((p.cumsum(-1) - p).numpy() >= np.float32(top_p))
+    kept = V - np.count_nonzero(drop, axis=-1)  # >= 1: the first id has no mass before it
+    rows = np.arange(len(x))
+    threshold = sorted_desc[rows, kept - 1]
+    some = kept < V
+    if some.any():
+        after = sorted_desc[rows, np.minimum(kept, V - 1)]
+        exact = (drop.argmax(axis=-1) == kept) & (after < threshold)
+        if not np.all(exact | ~some):
+            return None
+    return torch.from_numpy(np.where(x < threshold[:, None], np.float32(-np.inf), x))
 
 
-def top_p_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Bool mask of the ids nucleus sampling drops (``[..., V]``, rows independent): sorted by
-    logit, an id is dropped once the probability mass strictly before it reaches ``top_p``."""
-    if logits.device.type == "cpu" and logits.dim() == 2 and logits.dtype == torch.float32 \
-            and logits.numel() >= NUMPY_SORT_MIN_ELEMENTS and logits.shape[-1] > 1:
-        drop = _top_p_drop_numpy(logits.contiguous(), top_p)
-        if drop is not None:
-            return drop
-    return _top_p_drop_plain(logits, top_p)
+def _top_p_plain(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    return logits.masked_fill(_top_p_drop_plain(logits, top_p), float("-inf"))
+
+
+def _numpy_path(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dim() == 2 and t.dtype == torch.float32 \
+        and t.numel() >= NUMPY_MIN_ELEMENTS and not t.requires_grad
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -97,23 +106,96 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0)
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        logits = logits.masked_fill(top_p_drop(logits, top_p), float("-inf"))
+        filtered = _top_p_numpy(logits, top_p) if _numpy_path(logits) and logits.shape[-1] > 1 else None
+        logits = _top_p_plain(logits, top_p) if filtered is None else filtered
     return logits
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+class ExponentialDraws:
+    """The ``Exp(1)`` draws of a CPU generator, taken ahead in blocks: ``take(shape)`` gives what
+    ``torch.empty(shape).exponential_(1, generator=generator)`` would give at that point (a
+    generator's exponentials are one sequence, element after element, whatever the shapes asked),
+    and :meth:`close` puts the generator where those calls would have left it (it restores the
+    state from before the last block and draws again what was taken of it).
+
+    Why: a decoding step's draw is ``argmax(p / q)`` over a whole row (:func:`draw`); drawing
+    one row per step pays the kernel's first-call cost after every forward pass (its code and the
+    generator's state are out of the caches by then), one block of rows pays it once. Use it as a
+    context manager (``with ExponentialDraws(g, row) as draws``) and hand ``draws`` to the
+    sampling functions of one decoding loop instead of the generator."""
+
+    def __init__(self, generator: torch.Generator | None, block: int):
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self.generator = generator if generator is not None else torch.default_generator
+        if self.generator.device.type != "cpu":
+            raise ValueError("ExponentialDraws takes ahead from a CPU generator")
+        self.block = int(block)
+        self._buffer = torch.zeros(0)
+        self._used = 0
+        self._state: torch.Tensor | None = None  # the generator's state before the current block
+
+    def take(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        n = 1
+        for size in shape:
+            n *= int(size)
+        parts = []
+        while n > 0:
+            if self._used == len(self._buffer):
+                self._state = self.generator.get_state()
+                self._buffer = torch.empty(max(self.block, n)).exponential_(1, generator=self.generator)
+                self._used = 0
+            k = min(n, len(self._buffer) - self._used)
+            parts.append(self._buffer[self._used:self._used + k])
+            self._used += k
+            n -= k
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return flat.view(shape)
+
+    def close(self) -> None:
+        """Leave the generator as if only the draws taken had been made."""
+        if self._state is not None and self._used < len(self._buffer):
+            self.generator.set_state(self._state)
+            if self._used:
+                torch.empty(self._used).exponential_(1, generator=self.generator)
+        self._buffer, self._used, self._state = torch.zeros(0), 0, None
+
+    def __enter__(self) -> ExponentialDraws:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _exponentials(shape: torch.Size | tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator | None, draws: ExponentialDraws | None) -> torch.Tensor:
+    """``torch.empty(shape, dtype, device).exponential_(1, generator)``, from ``draws`` when given
+    (CPU float32: the dtype and device of its draws)."""
+    if draws is not None and dtype == torch.float32 and device.type == "cpu":
+        return draws.take(shape)
+    return torch.empty(shape, dtype=dtype, device=device).exponential_(1, generator=generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None,
+         draws: ExponentialDraws | None = None) -> torch.Tensor:
     """One id per row of ``probs`` [R, V] (rows need not be normalised), exactly
     ``torch.multinomial(probs, 1, generator=generator).squeeze(-1)``: ``multinomial`` draws a
     single sample as ``argmax(probs / q)`` with ``q ~ Exp(1)`` over the whole tensor, and so does
     this, from the same generator (same ids, same generator state after), without
-    ``multinomial``'s checks, of which one is kept: negative or NaN probabilities raise."""
+    ``multinomial``'s checks, of which one is kept: negative or NaN probabilities raise.
+    ``draws``: the generator's exponentials taken ahead (:class:`ExponentialDraws`)."""
     if not bool((probs >= 0).all()):
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    return _unchecked_draw(probs, generator)
+    return _unchecked_draw(probs, generator, draws)
 
 
-def _unchecked_draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    q = torch.empty_like(probs).exponential_(1, generator=generator)
+def _unchecked_draw(probs: torch.Tensor, generator: torch.Generator | None,
+                    draws: ExponentialDraws | None = None) -> torch.Tensor:
+    q = _exponentials(probs.shape, probs.dtype, probs.device, generator, draws)
+    if _numpy_path(probs):  # IEEE division and first-maximum argmax, as torch's
+        import numpy as np
+
+        return torch.from_numpy(np.argmax(probs.numpy() / q.numpy(), axis=-1))
     return (probs / q).argmax(-1)
 
 
@@ -132,36 +214,97 @@ def _as_float32(values) -> array:
     return array("f", values)  # C's double -> float conversion: round to nearest, as a float32 tensor holds it
 
 
-def _sample_row_top_k_top_p(scaled: torch.Tensor, generator: torch.Generator | None, top_k: int, top_p: float,
-                            vocab_size: int, offset: int) -> torch.Tensor | None:
-    """:func:`filter_top_k_top_p` then a draw, for one CPU float32 row, or None (nothing drawn)
-    where this shortcut could differ from the plain path: a tie at the k-th value or across the
-    nucleus's cut, a dropped set that is not a suffix. ``scaled`` ``[1, V']`` holds the allowed
-    ids ``offset .. offset + V' - 1`` of a row of ``vocab_size`` whose other ids are -inf
-    (``0 < top_k < V' - 1``, ``top_p < 1``).
+# Margins of the certified host decisions of _sample_row_token: an absolute margin on the
+# nucleus's cumulative mass and a relative one between the two largest draw ratios, each > 20x
+# the largest deviation of torch's float32 softmax from the exact values they are compared with
+# (see _sample_row_token). Inside a margin the exact float32 computation decides.
+NUCLEUS_MARGIN = 1e-4
+DRAW_MARGIN = 1e-4
 
-    After top-k the row sorted is the ``top_k`` largest values, descending, then -inf, so the
+
+def _nucleus_exact(values: torch.Tensor, v: list[float], K: int, top_p: float, vocab_size: int) -> int | None:
+    """Size of the nucleus among the sorted top-``K`` values, as the plain path computes it, or
+    None where it differs from a prefix (a dropped set that is not a suffix, a tie across the cut).
+
+    The row sorted after top-k is the ``K`` largest values, descending, then -inf, so the
     nucleus's softmax is that of ``cat([values, -inf...])`` (the same numbers, so the same floats
     as the sort's). ``before = cumsum(p) - p >= top_p`` is then evaluated on the host: torch's CPU
     cumsum of float32 accumulates in double and rounds each prefix to float32, the difference of
     two float32 numbers computed in double and rounded to float32 is the float32 difference (double
     rounding is innocuous for p' >= 2p + 2), and a float32 tensor compares with a Python float
-    rounded to float32. The nucleus is then a prefix of the top-k ids, scattered into -inf."""
+    rounded to float32."""
+    p = torch.cat([values[:, :K], _neg_inf_row(vocab_size - K, values.dtype)], dim=1).softmax(-1)[0, :K].tolist()
+    before = _as_float32(map(operator.sub, _as_float32(itertools.accumulate(p)), p))
+    threshold = _as_float32((top_p,))[0]
+    n_kept = next((i for i, b in enumerate(before) if b >= threshold), K)
+    if n_kept < K and not (v[n_kept] < v[n_kept - 1] and all(b >= threshold for b in before[n_kept:])):
+        return None
+    return n_kept
+
+
+def _sample_row_token(scaled: torch.Tensor, generator: torch.Generator | None, top_k: int, top_p: float,
+                      vocab_size: int, offset: int, draws: ExponentialDraws | None = None) -> int | None:
+    """:func:`filter_top_k_top_p` then a draw, for one CPU float32 row: the id drawn, or None
+    (nothing drawn) where this shortcut could differ from the plain path (a tie at the k-th value
+    or across the nucleus's cut, a dropped set that is not a suffix). ``scaled`` ``[1, V']``
+    holds the allowed ids ``offset .. offset + V' - 1`` of a row of ``vocab_size`` whose other ids
+    are -inf (``0 < top_k < V' - 1``, ``top_p < 1``).
+
+    Two decisions are taken on the host from the top-k values, in double precision, where their
+    outcome is certain, and by the exact float32 computation otherwise:
+
+    * the nucleus: the first sorted position whose preceding mass reaches ``top_p``. The plain
+      path compares ``cumsum(p) - p`` of torch's float32 softmax; that differs from the exact mass
+      by less than ~1e-5 (the rounding of ``x - max`` times ``|x - max| p``, summed, plus a few ulp
+      of the exponential, sum, normalisation and cumulative sum), so a mass farther than
+      :data:`NUCLEUS_MARGIN` from ``top_p`` (and no mass within it) decides the same way;
+    * the draw, ``argmax(p / q)`` over the nucleus with ``q ~ Exp(1)`` drawn for the whole row as
+      always: ``p`` is the float32 softmax of the nucleus, within ~1e-5 relative of the exact
+      one, so a largest ratio above the second by more than :data:`DRAW_MARGIN` (relative) is the
+      argmax of the float32 ratios too. Probabilities below 1e-30 (float32 loses precision in
+      its subnormals) and a zero ``q`` (a 0/0 NaN outside the nucleus would win) take the exact
+      path."""
     K = top_k
     values, ids = torch.topk(scaled, K + 1, dim=-1)
     v = values[0].tolist()
     if not v[K] < v[K - 1]:  # the k-th value repeated outside the top k (or -inf, NaN): plain path
         return None
-    p_sorted = torch.cat([values[:, :K], _neg_inf_row(vocab_size - K, scaled.dtype)], dim=1).softmax(-1)
-    p = p_sorted[0, :K].tolist()
-    before = _as_float32(map(operator.sub, _as_float32(itertools.accumulate(p)), p))
+    top = v[0]
+    weights = [math.exp(x - top) for x in v[:K]]  # float32 values, exact in double
+    total = math.fsum(weights)
     threshold = _as_float32((top_p,))[0]
-    n_kept = next((i for i, b in enumerate(before) if b >= threshold), K)
-    if n_kept < K and not (v[n_kept] < v[n_kept - 1] and all(b >= threshold for b in before[n_kept:])):
-        return None  # a tie across the cut (ordered by torch.sort's rule), or not a suffix (rounding)
-    kept = ids[:, :n_kept]
-    row = _neg_inf_row(vocab_size, scaled.dtype).scatter(1, kept + offset if offset else kept, values[:, :n_kept])
-    return _unchecked_draw(row.softmax(-1), generator)
+    n_kept, mass = K, 0.0
+    for i, w in enumerate(weights):
+        before = mass / total
+        if abs(before - threshold) <= NUCLEUS_MARGIN:
+            n_kept = -1  # too close to call on the host
+            break
+        if before >= threshold:
+            n_kept = i
+            break
+        mass += w
+    if n_kept < 0:
+        n_kept = _nucleus_exact(values, v, K, top_p, vocab_size)
+        if n_kept is None:
+            return None
+    elif n_kept < K and not v[n_kept] < v[n_kept - 1]:
+        return None  # a tie across the cut: ordered by torch.sort's tie rule
+    q = _exponentials((1, vocab_size), scaled.dtype, scaled.device, generator, draws)
+    kept = ids[0, :n_kept].tolist()
+    q_kept = q[0].numpy()[[i + offset for i in kept]].tolist()
+    nucleus = math.fsum(weights[:n_kept])
+    ratios = [w / nucleus / qi for w, qi in zip(weights, q_kept)]
+    best = max(range(n_kept), key=ratios.__getitem__)
+    second = max((r for i, r in enumerate(ratios) if i != best), default=0.0)
+    certain = ratios[best] > second * (1.0 + DRAW_MARGIN) and weights[best] / nucleus > 1e-30 \
+        and min(weights[:n_kept]) / nucleus > 1e-30 and float(q.min()) > 0.0
+    if certain:
+        return kept[best] + offset
+    # the exact float32 draw with the same q
+    ids_kept = ids[:, :n_kept]
+    row = _neg_inf_row(vocab_size, scaled.dtype).scatter(1, ids_kept + offset if offset else ids_kept,
+                                                        values[:, :n_kept])
+    return int((row.softmax(-1) / q).argmax(-1)[0])
 
 
 def _filtered_probs(flat: torch.Tensor, temperature: float, top_k: int, top_p: float,
@@ -181,36 +324,39 @@ def sample_ids(
     top_k: int = 0,
     top_p: float = 1.0,
     allowed_from: int = 0,
+    draws: ExponentialDraws | None = None,
 ) -> torch.Tensor:
     """The ids of :func:`sample_tokens` alone (the same ids and draws), without the probabilities.
     ``allowed_from``: the ids below it are disallowed, as if :func:`restrict_logits` had set them
     to -inf first (e.g. all but the speech codes of the shared vocabulary), without writing that
-    restricted copy where it is not needed."""
+    restricted copy where it is not needed. ``draws``: the generator's exponentials taken ahead
+    (:class:`ExponentialDraws`)."""
     V = logits.shape[-1]
     if temperature > 0 and logits.dim() == 2 and logits.shape[0] == 1 and logits.device.type == "cpu" \
             and logits.dtype == torch.float32 and 0 < top_k < V - allowed_from - 1 and top_p < 1.0 \
             and (generator is None or generator.device.type == "cpu"):
         allowed = logits[:, allowed_from:] if allowed_from else logits
         scaled = allowed if temperature == 1.0 else allowed / temperature
-        ids = _sample_row_top_k_top_p(scaled, generator, top_k, top_p, V, allowed_from)
-        if ids is not None:
-            return ids
+        token = _sample_row_token(scaled, generator, top_k, top_p, V, allowed_from, draws)
+        if token is not None:
+            return torch.tensor([token], device=logits.device)
     if allowed_from:
         logits = logits.masked_fill(torch.arange(V, device=logits.device) < allowed_from, float("-inf"))
     shape = logits.shape[:-1]
     flat = logits.reshape(-1, V).float()
     if temperature <= 0:
         return flat.argmax(-1).reshape(shape)
-    return _sample_flat(flat, generator, temperature, top_k, top_p, None).reshape(shape)
+    return _sample_flat(flat, generator, temperature, top_k, top_p, None, draws=draws).reshape(shape)
 
 
 def _sample_flat(flat: torch.Tensor, generator: torch.Generator | None, temperature: float, top_k: int,
-                 top_p: float, full_probs: torch.Tensor | None, checked: bool = True) -> torch.Tensor:
+                 top_p: float, full_probs: torch.Tensor | None, checked: bool = True,
+                 draws: ExponentialDraws | None = None) -> torch.Tensor:
     probs_filtered = _filtered_probs(flat, temperature, top_k, top_p, full_probs)
     if generator is not None and generator.device != probs_filtered.device:
         # a CPU generator (reproducible across devices) draws on the CPU
         probs_filtered = probs_filtered.cpu()
-    return (draw if checked else _unchecked_draw)(probs_filtered, generator).to(flat.device)
+    return (draw if checked else _unchecked_draw)(probs_filtered, generator, draws).to(flat.device)
 
 
 def sample_tokens(
@@ -253,17 +399,19 @@ def repetition_aware(
     window: int = 10,
     max_ratio: float = 0.1,
     token: int | None = None,
+    draws: ExponentialDraws | None = None,
 ) -> torch.Tensor:
     """Repetition-aware sampling (VALL-E 2; CosyVoice 2 decodes its LM with it).
 
     If the id just sampled (nucleus sampling) already fills more than ``max_ratio`` of the last
     ``window`` generated ids, draw again from the full distribution instead: an AR speech LM
     otherwise tends to lock into a loop of one token. ``ids`` [1], ``logits`` [1, V] (already
-    restricted to the allowed ids); ``token``: ``int(ids[0])`` when the caller has it already."""
+    restricted to the allowed ids); ``token``: ``int(ids[0])`` when the caller has it already;
+    ``draws``: the generator's exponentials taken ahead (:class:`ExponentialDraws`)."""
     recent = history[-window:]
     if window > 0 and recent and recent.count(int(ids[0]) if token is None else token) > max_ratio * window:
         probs = logits.float().softmax(-1)
         if generator is not None and generator.device != probs.device:
             probs = probs.cpu()
-        return draw(probs, generator).to(logits.device)
+        return draw(probs, generator, draws).to(logits.device)
     return ids

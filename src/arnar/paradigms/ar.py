@@ -17,12 +17,13 @@ is sampled, bounded by ``min_ratio`` / ``max_ratio`` speech tokens per target te
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 import torch
 
-from arnar.decode.sampling import repetition_aware, sample_ids
+from arnar.decode.sampling import ExponentialDraws, repetition_aware, sample_ids
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
     decoding_options,
@@ -39,6 +40,7 @@ from arnar.paradigms.base import (
 
 DECODING = {"temperature": 1.0, "top_k": 25, "top_p": 0.8, "ras_window": 10, "ras_ratio": 0.1,
             "min_ratio": 2.0, "max_ratio": 20.0, "chunk_size": 15}
+DRAW_BLOCK = 16  # decoding steps' exponential draws taken from the generator at once (ExponentialDraws)
 
 
 def ar_sequence(vocab, text: torch.Tensor, speech: torch.Tensor) -> torch.Tensor:
@@ -95,29 +97,37 @@ class AR(Paradigm):
         cache = KVCache()
         logits = self.logits(prefix[None], torch.arange(len(prefix), device=device)[None], cache=cache)[:, -1]
         passes, generated = 1, []
-        while True:
-            eos_allowed = len(generated) >= min_len
-            if eos_allowed:
-                ids = sample_ids(logits.masked_fill(disallowed, float("-inf")), generator, **sampling)
-            else:
-                ids = sample_ids(logits, generator, allowed_from=self.vocab.speech_offset, **sampling)
-            token = int(ids[0])  # the one host sync of a step
-            if window > 0 and generated and generated[-window:].count(token) > ras_ratio * window:
-                # repetition-aware sampling redraws from the whole (restricted) distribution
-                step_logits = logits.masked_fill(disallowed if eos_allowed else disallowed_eos, float("-inf"))
-                ids = repetition_aware(ids, step_logits, generated, generator, window=window, max_ratio=ras_ratio,
-                                       token=token)
-                token = int(ids[0])
-            if token == EOS:
-                break
-            generated.append(token)
-            if len(generated) == opts["chunk_size"]:
-                first_packet_seconds = time.perf_counter() - started
-            if len(generated) >= max_len:
-                break
-            position = positions[:, len(generated) - 1:len(generated)]
-            logits = self.logits(ids[None], position, cache=cache)[:, -1]
-            passes += 1
+        # every draw of the loop is a row of exponentials (sampling and repetition-aware redraws):
+        # from a CPU generator they are taken ahead in blocks of DRAW_BLOCK rows, the generator
+        # left as if drawn row by row
+        cpu_generator = generator.device.type == "cpu" if generator is not None else device.type == "cpu"
+        ahead = ExponentialDraws(generator, DRAW_BLOCK * self.vocab.size) if cpu_generator else None
+        with ahead or contextlib.nullcontext() as draws:
+            while True:
+                eos_allowed = len(generated) >= min_len
+                if eos_allowed:
+                    restricted = logits.masked_fill(disallowed, float("-inf"))
+                    ids = sample_ids(restricted, generator, draws=draws, **sampling)
+                else:
+                    ids = sample_ids(logits, generator, allowed_from=self.vocab.speech_offset, draws=draws,
+                                     **sampling)
+                token = int(ids[0])  # the one host sync of a step
+                if window > 0 and generated and generated[-window:].count(token) > ras_ratio * window:
+                    # repetition-aware sampling redraws from the whole (restricted) distribution
+                    step_logits = logits.masked_fill(disallowed if eos_allowed else disallowed_eos, float("-inf"))
+                    ids = repetition_aware(ids, step_logits, generated, generator, window=window, max_ratio=ras_ratio,
+                                           token=token, draws=draws)
+                    token = int(ids[0])
+                if token == EOS:
+                    break
+                generated.append(token)
+                if len(generated) == opts["chunk_size"]:
+                    first_packet_seconds = time.perf_counter() - started
+                if len(generated) >= max_len:
+                    break
+                position = positions[:, len(generated) - 1:len(generated)]
+                logits = self.logits(ids[None], position, cache=cache)[:, -1]
+                passes += 1
         speech = self.vocab.speech_codes(torch.tensor(generated, dtype=torch.long))
         if first_packet_seconds is None:  # shorter than one chunk: the packet is the whole utterance
             first_packet_seconds = time.perf_counter() - started
