@@ -178,6 +178,56 @@ def test_mask_of_a_streamed_sequence_with_text_inserted_later():
     assert hybrid_attention_mask(layout, layout[4:]).tolist() == expected[4:]
 
 
+@pytest.mark.parametrize("attention", ["hybrid", "causal"])
+def test_decoder_table_mask_is_the_hybrid_mask(attention):
+    """The decoding loop keeps its layout as a table and builds each pass's mask rows from per-query
+    limits (_Decoder.attention_mask): the same booleans as hybrid_attention_mask over the Layout of
+    the same parts, for the streamed example above and for random streams (text arriving between
+    spans, empty spans, passes of one position)."""
+    from arnar.paradigms.syncspeech import _Decoder
+
+    net = model(attention=attention)
+    bidirectional = attention == "hybrid"
+    g = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        decoder = _Decoder(net, cached=True, capacity=4)  # small: the table grows on the way
+        parts, new = [], []
+        text_pos, stream_pos, seen, token = 0, 0, 0, 0
+        for _ in range(int(torch.randint(2, 9, (), generator=g))):
+            for _ in range(int(torch.randint(1, 5, (), generator=g))):
+                kind = int(torch.randint(3, (), generator=g))
+                if kind == 0:  # text arrives
+                    n = int(torch.randint(0, 3, (), generator=g))
+                    ids = list(range(8, 8 + n))
+                    decoder.add_text(ids, text_pos)
+                    new.append(text_part(torch.tensor(ids, dtype=torch.long), text_pos))
+                    text_pos, seen = text_pos + n, seen + n
+                elif kind == 1:  # a span of speech or masks
+                    n = int(torch.randint(0, 4, (), generator=g))
+                    ids = [M] * n
+                    decoder.add_span(ids, stream_pos, seen, token=token)
+                    new.append(span_part(torch.tensor(ids, dtype=torch.long), stream_pos, seen, token=token))
+                    stream_pos, token = stream_pos + n, token + 1
+                else:
+                    decoder.add_marker(D, stream_pos, seen)
+                    new.append(marker(D, stream_pos, text_seen=seen))
+                    stream_pos += 1
+            n_new = sum(len(p) for p in new)
+            if n_new == 0:
+                continue
+            start = decoder.length
+            fresh = torch.tensor(decoder.pending, dtype=torch.long)
+            keys = torch.cat([decoder.table[:, :start], fresh], dim=1)
+            parts += new
+            layout = Layout.cat(parts)
+            expected = hybrid_attention_mask(layout, Layout.cat(new), bidirectional=bidirectional)
+            assert _Decoder.attention_mask(keys, fresh).tolist() == expected.tolist()
+            decoder.run()
+            assert decoder.length == len(layout)
+            assert torch.equal(decoder.table[:2, :decoder.length], torch.stack([layout.input_ids, layout.position_ids]))
+            new = []
+
+
 def test_pretrain_mask_rule_and_sequence():
     draws = [pretrain_text_mask(5, torch.Generator().manual_seed(s)) for s in range(40)]
     for mask in draws:
@@ -543,6 +593,10 @@ def test_speech_chunks_regroup_spans():
     assert [c.speech.tolist() for c in chunks] == [[1, 2], [3, 4], [5, 6], [7, 8], []]
     assert [(c.text_tokens_read, c.forward_passes, c.last) for c in chunks] == [
         (3, 2, False), (4, 3, False), (4, 3, False), (4, 4, False), (4, 4, True)]
+    # a span longer than two chunks, and a stream whose spans end exactly on a chunk
+    steps = [StreamStep(torch.arange(5), 1, 1, 0), StreamStep(torch.arange(5, 6), 2, 2, 0)]
+    assert [c.speech.tolist() for c in speech_chunks(steps, 2)] == [[0, 1], [2, 3], [4, 5], []]
+    assert [c.speech.tolist() for c in speech_chunks([], 2)] == []
 
 
 # ----------------------------------------------------------------------------- arnar stream (token level)

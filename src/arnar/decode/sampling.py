@@ -134,6 +134,8 @@ class ExponentialDraws:
         self._buffer = torch.zeros(0)
         self._used = 0
         self._state: torch.Tensor | None = None  # the generator's state before the current block
+        self.positive = True  # every draw of the current block is > 0 (checked once per block)
+        self.taken_from_buffer = False  # the last take came from the block (positive applies to it)
 
     def take(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
         n = 1
@@ -145,10 +147,12 @@ class ExponentialDraws:
                 self._state = self.generator.get_state()
                 self._buffer = torch.empty(max(self.block, n)).exponential_(1, generator=self.generator)
                 self._used = 0
+                self.positive = bool(self._buffer.min() > 0)
             k = min(n, len(self._buffer) - self._used)
             parts.append(self._buffer[self._used:self._used + k])
             self._used += k
             n -= k
+        self.taken_from_buffer = len(parts) == 1  # else the take spans two blocks
         flat = parts[0] if len(parts) == 1 else torch.cat(parts)
         return flat.view(shape)
 
@@ -296,8 +300,8 @@ def _sample_row_token(scaled: torch.Tensor, generator: torch.Generator | None, t
     ratios = [w / nucleus / qi for w, qi in zip(weights, q_kept)]
     best = max(range(n_kept), key=ratios.__getitem__)
     second = max((r for i, r in enumerate(ratios) if i != best), default=0.0)
-    certain = ratios[best] > second * (1.0 + DRAW_MARGIN) and weights[best] / nucleus > 1e-30 \
-        and min(weights[:n_kept]) / nucleus > 1e-30 and float(q.min()) > 0.0
+    certain = ratios[best] > second * (1.0 + DRAW_MARGIN) and min(weights[:n_kept]) / nucleus > 1e-30 \
+        and (draws.positive if draws is not None and draws.taken_from_buffer else float(q.min()) > 0.0)
     if certain:
         return kept[best] + offset
     # the exact float32 draw with the same q
@@ -316,6 +320,37 @@ def _filtered_probs(flat: torch.Tensor, temperature: float, top_k: int, top_p: f
     return filtered.softmax(-1)
 
 
+def _row_token(logits: torch.Tensor, generator: torch.Generator | None, temperature: float, top_k: int,
+               top_p: float, allowed_from: int, draws: ExponentialDraws | None) -> int | None:
+    """The one-row top-k/top-p shortcut (:func:`_sample_row_token`) where it applies, else None."""
+    V = logits.shape[-1]
+    if temperature > 0 and logits.dim() == 2 and logits.shape[0] == 1 and logits.device.type == "cpu" \
+            and logits.dtype == torch.float32 and 0 < top_k < V - allowed_from - 1 and top_p < 1.0 \
+            and (generator is None or generator.device.type == "cpu"):
+        allowed = logits[:, allowed_from:] if allowed_from else logits
+        scaled = allowed if temperature == 1.0 else allowed / temperature
+        return _sample_row_token(scaled, generator, top_k, top_p, V, allowed_from, draws)
+    return None
+
+
+def sample_token(
+    logits: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    allowed_from: int = 0,
+    draws: ExponentialDraws | None = None,
+) -> int:
+    """:func:`sample_ids` of one row ``[1, V]`` as a Python int (an autoregressive step's token)."""
+    token = _row_token(logits, generator, temperature, top_k, top_p, allowed_from, draws)
+    if token is None:
+        token = int(sample_ids(logits, generator, temperature=temperature, top_k=top_k, top_p=top_p,
+                               allowed_from=allowed_from, draws=draws)[0])
+    return token
+
+
 def sample_ids(
     logits: torch.Tensor,
     generator: torch.Generator | None = None,
@@ -331,15 +366,10 @@ def sample_ids(
     to -inf first (e.g. all but the speech codes of the shared vocabulary), without writing that
     restricted copy where it is not needed. ``draws``: the generator's exponentials taken ahead
     (:class:`ExponentialDraws`)."""
+    token = _row_token(logits, generator, temperature, top_k, top_p, allowed_from, draws)
+    if token is not None:
+        return torch.tensor([token], device=logits.device)
     V = logits.shape[-1]
-    if temperature > 0 and logits.dim() == 2 and logits.shape[0] == 1 and logits.device.type == "cpu" \
-            and logits.dtype == torch.float32 and 0 < top_k < V - allowed_from - 1 and top_p < 1.0 \
-            and (generator is None or generator.device.type == "cpu"):
-        allowed = logits[:, allowed_from:] if allowed_from else logits
-        scaled = allowed if temperature == 1.0 else allowed / temperature
-        token = _sample_row_token(scaled, generator, top_k, top_p, V, allowed_from, draws)
-        if token is not None:
-            return torch.tensor([token], device=logits.device)
     if allowed_from:
         logits = logits.masked_fill(torch.arange(V, device=logits.device) < allowed_from, float("-inf"))
     shape = logits.shape[:-1]

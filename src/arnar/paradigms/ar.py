@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from arnar.decode.sampling import ExponentialDraws, repetition_aware, sample_ids
+from arnar.decode.sampling import ExponentialDraws, repetition_aware, sample_token
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
     decoding_options,
@@ -107,17 +107,15 @@ class AR(Paradigm):
                 eos_allowed = len(generated) >= min_len
                 if eos_allowed:
                     restricted = logits.masked_fill(disallowed, float("-inf"))
-                    ids = sample_ids(restricted, generator, draws=draws, **sampling)
+                    token = sample_token(restricted, generator, draws=draws, **sampling)
                 else:
-                    ids = sample_ids(logits, generator, allowed_from=self.vocab.speech_offset, draws=draws,
-                                     **sampling)
-                token = int(ids[0])  # the one host sync of a step
+                    token = sample_token(logits, generator, allowed_from=self.vocab.speech_offset, draws=draws,
+                                         **sampling)
                 if window > 0 and generated and generated[-window:].count(token) > ras_ratio * window:
                     # repetition-aware sampling redraws from the whole (restricted) distribution
                     step_logits = logits.masked_fill(disallowed if eos_allowed else disallowed_eos, float("-inf"))
-                    ids = repetition_aware(ids, step_logits, generated, generator, window=window, max_ratio=ras_ratio,
-                                           token=token, draws=draws)
-                    token = int(ids[0])
+                    token = int(repetition_aware(torch.tensor([token]), step_logits, generated, generator,
+                                                 window=window, max_ratio=ras_ratio, token=token, draws=draws)[0])
                 if token == EOS:
                     break
                 generated.append(token)
@@ -126,7 +124,7 @@ class AR(Paradigm):
                 if len(generated) >= max_len:
                     break
                 position = positions[:, len(generated) - 1:len(generated)]
-                logits = self.logits(ids[None], position, cache=cache)[:, -1]
+                logits = self.logits(torch.tensor([[token]], device=device), position, cache=cache)[:, -1]
                 passes += 1
         speech = self.vocab.speech_codes(torch.tensor(generated, dtype=torch.long))
         if first_packet_seconds is None:  # shorter than one chunk: the packet is the whole utterance

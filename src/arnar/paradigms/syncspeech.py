@@ -322,15 +322,15 @@ class _Decoder:
     way. ``passes`` counts backbone calls.
 
     The layout lives in one preallocated int64 table, one column per position, rows :data:`FIELDS`:
-    the :class:`Layout` fields and, per position as a query, the bounds of the hybrid mask
+    what the network and the mask read of the :class:`Layout` fields (ids, positions, text or
+    stream, span) and, per position as a query, the bounds of the hybrid mask
     (:func:`hybrid_attention_mask`) in the form ``key allowed <=> key position < limit`` (the
     limit for text keys and the one for stream keys) plus the span it shares with its keys (-2:
     none). A pass's new positions are collected as Python ints (``add_*``) and written with one
     copy; its mask rows are then four elementwise operations over ``[new, all]``, the same booleans
     as :func:`hybrid_attention_mask` (tests/test_syncspeech.py compares them)."""
 
-    FIELDS = ("input_ids", "position_ids", "is_text", "span", "text_seen", "duration_of",
-              "text_limit", "stream_limit", "query_span")
+    FIELDS = ("input_ids", "position_ids", "is_text", "span", "text_limit", "stream_limit", "query_span")
 
     def __init__(self, model: SyncSpeech, cached: bool, capacity: int = 256):
         from arnar.nn import KVCache
@@ -344,23 +344,20 @@ class _Decoder:
         self.length = 0  # positions in the layout
         self.pending: list[list[int]] = [[] for _ in self.FIELDS]
 
-    def _add(self, ids: list[int], positions: range, *, is_text: bool, span: int = -1, text_seen: int = 0,
-             duration_of: int = -1) -> None:
+    def _add(self, ids: list[int], positions: range, *, is_text: bool, span: int = -1, text_seen: int = 0) -> None:
         n = len(ids)
         columns = self.pending
         columns[0].extend(ids)
         columns[1].extend(positions)
         columns[2].extend([int(is_text)] * n)
         columns[3].extend([span] * n)
-        columns[4].extend([text_seen] * n)
-        columns[5].extend([duration_of] * n)
         if is_text:  # text queries: text keys up to their own position, no stream key
-            columns[6].extend(p + 1 for p in positions)
-            columns[7].extend([0] * n)
+            columns[4].extend(p + 1 for p in positions)
+            columns[5].extend([0] * n)
         else:  # stream queries: the text seen, stream keys up to their own position
-            columns[6].extend([text_seen] * n)
-            columns[7].extend(p + 1 for p in positions)
-        columns[8].extend([span if self.bidirectional and span >= 0 else -2] * n)
+            columns[4].extend([text_seen] * n)
+            columns[5].extend(p + 1 for p in positions)
+        columns[6].extend([span if self.bidirectional and span >= 0 else -2] * n)
 
     def add_text(self, ids: list[int], start: int) -> None:
         """Text tokens (shared ids) at text positions ``start, start + 1, ..`` (:func:`text_part`)."""
@@ -370,10 +367,10 @@ class _Decoder:
         """Speech/mask tokens of text token ``token`` from stream position ``start`` (:func:`span_part`)."""
         self._add(ids, range(start, start + len(ids)), is_text=False, span=token, text_seen=text_seen)
 
-    def add_marker(self, token: int, position: int, text_seen: int, duration_of: int = -1) -> None:
-        """One ``E`` or ``D`` at stream ``position`` (:func:`marker`)."""
-        self._add([token], range(position, position + 1), is_text=False, text_seen=text_seen,
-                  duration_of=duration_of)
+    def add_marker(self, token: int, position: int, text_seen: int) -> None:
+        """One ``E`` or ``D`` at stream ``position`` (:func:`marker`; which token's duration a ``D``
+        predicts is the caller's bookkeeping)."""
+        self._add([token], range(position, position + 1), is_text=False, text_seen=text_seen)
 
     def run(self) -> Tensor:
         """Hidden states ``[n, dim]`` of the ``n`` positions added since the last pass, now part of
@@ -395,14 +392,14 @@ class _Decoder:
         hidden = model.backbone(model.embed(queries[0].to(self.device))[None], queries[1].to(self.device)[None],
                                 mask.to(self.device)[None], cache=self.cache)
         self.passes += 1
-        return hidden[0, -n:]
+        return hidden[0] if self.cache is not None else hidden[0, -n:]
 
     @staticmethod
     def attention_mask(keys: Tensor, queries: Tensor) -> Tensor:
         """``[len(queries), len(keys)]`` hybrid mask from table columns (see the class docstring)."""
         key_text = keys[2].bool()[None, :]
-        limit = torch.where(key_text, queries[6][:, None], queries[7][:, None])
-        return (keys[1][None, :] < limit) | (keys[3][None, :] == queries[8][:, None])
+        limit = torch.where(key_text, queries[4][:, None], queries[5][:, None])
+        return (keys[1][None, :] < limit) | (keys[3][None, :] == queries[6][:, None])
 
     def drop_last(self, n: int) -> None:
         """Forget the last ``n`` positions (layout and cache)."""
@@ -549,10 +546,10 @@ class SyncSpeech(Paradigm):
         prompt_ids = [c + speech_offset for c in prompt_speech.tolist()]
         prompt_starts = [0] + prompt_ends.tolist()[:-1]
         for k, (a, b) in enumerate(zip(prompt_starts, prompt_ends.tolist())):
-            decoder.add_marker(DURATION, position, seen, duration_of=k)
+            decoder.add_marker(DURATION, position, seen)
             decoder.add_span(prompt_ids[a:b], position + 1, seen, token=k)
             position += 1 + len(prompt_ids[a:b])
-        decoder.add_marker(DURATION, position, seen, duration_of=P)
+        decoder.add_marker(DURATION, position, seen)
         position += 1
         hidden = decoder.run()
         duration = next_duration(hidden[-1], 0)
@@ -579,10 +576,10 @@ class SyncSpeech(Paradigm):
                 decoder.drop_last(len(previous_ids) + 1)
                 position -= len(previous_ids) + 1
                 decoder.add_span(previous_ids, position, seen, token=token - 1)
-                decoder.add_marker(DURATION, position + len(previous_ids), seen, duration_of=token)
+                decoder.add_marker(DURATION, position + len(previous_ids), seen)
                 position += len(previous_ids) + 1
             decoder.add_span([MASK] * duration, position, seen, token=token)
-            decoder.add_marker(DURATION, position + duration, seen, duration_of=token + 1)
+            decoder.add_marker(DURATION, position + duration, seen)
             position += duration + 1
             hidden = decoder.run()
             previous, previous_ids = torch.zeros(0, dtype=torch.long), []
