@@ -299,6 +299,22 @@ def test_sampler_hands_over_at_the_nucleus_cut_and_at_near_tied_draws():
         same_draws(logits, case, top_k=25, top_p=0.99)
 
 
+def test_sampler_rows_with_nan_filter_alike_and_raise():
+    from arnar.decode.sampling import filter_top_k_top_p, sample_ids, sample_tokens
+
+    for rows in (3, 40):
+        logits = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        logits[1, 7] = float("nan")
+        logits[2, :] = float("-inf")
+        for top_k, top_p in ((0, 0.9), (25, 0.8), (0, 1.0)):
+            expected, got = reference_filter(logits, top_k, top_p), filter_top_k_top_p(logits, top_k, top_p)
+            assert torch.equal(expected.isnan(), got.isnan())
+            assert torch.equal(expected.nan_to_num(), got.nan_to_num())
+            for sample in (sample_tokens, sample_ids):
+                with pytest.raises(RuntimeError, match="probability tensor"):
+                    sample(logits, torch.Generator(), top_k=top_k, top_p=top_p)
+
+
 def test_exponentials_taken_ahead_are_the_generators():
     from arnar.decode.sampling import ExponentialDraws, draw, sample_ids
 

@@ -72,10 +72,9 @@ def _top_p_numpy(logits: torch.Tensor, top_p: float) -> torch.Tensor | None:
 
     x = logits.detach().numpy()
     V = x.shape[-1]
-    ascending = np.sort(x, axis=-1)
-    if np.isnan(ascending[:, -1]).any():  # NaN sorts last in numpy, first in torch
-        return None
-    sorted_desc = np.ascontiguousarray(ascending[:, ::-1])
+    # NaN sorts last here and first in torch; either way a row with NaN is all NaN after the
+    # softmax, drops nothing and stays as it is (its draw then raises in sample_tokens)
+    sorted_desc = np.ascontiguousarray(np.sort(x, axis=-1)[:, ::-1])
     p = torch.from_numpy(sorted_desc).softmax(-1)
     drop = ((p.cumsum(-1) - p).numpy() >= np.float32(top_p))
     kept = V - np.count_nonzero(drop, axis=-1)  # >= 1: the first id has no mass before it
@@ -270,7 +269,7 @@ def _sample_row_token(scaled: torch.Tensor, generator: torch.Generator | None, t
       path."""
     K = top_k
     values, ids = torch.topk(scaled, K + 1, dim=-1)
-    v = values[0].tolist()
+    v = values.tolist()[0]
     if not v[K] < v[K - 1]:  # the k-th value repeated outside the top k (or -inf, NaN): plain path
         return None
     top = v[0]
@@ -294,8 +293,8 @@ def _sample_row_token(scaled: torch.Tensor, generator: torch.Generator | None, t
     elif n_kept < K and not v[n_kept] < v[n_kept - 1]:
         return None  # a tie across the cut: ordered by torch.sort's tie rule
     q = _exponentials((1, vocab_size), scaled.dtype, scaled.device, generator, draws)
-    kept = ids[0, :n_kept].tolist()
-    q_kept = q[0].numpy()[[i + offset for i in kept]].tolist()
+    kept = [i + offset for i in ids.tolist()[0][:n_kept]]
+    q_kept = q.numpy()[0, kept].tolist()
     nucleus = math.fsum(weights[:n_kept])
     ratios = [w / nucleus / qi for w, qi in zip(weights, q_kept)]
     best = max(range(n_kept), key=ratios.__getitem__)
@@ -303,7 +302,7 @@ def _sample_row_token(scaled: torch.Tensor, generator: torch.Generator | None, t
     certain = ratios[best] > second * (1.0 + DRAW_MARGIN) and min(weights[:n_kept]) / nucleus > 1e-30 \
         and (draws.positive if draws is not None and draws.taken_from_buffer else float(q.min()) > 0.0)
     if certain:
-        return kept[best] + offset
+        return kept[best]
     # the exact float32 draw with the same q
     ids_kept = ids[:, :n_kept]
     row = _neg_inf_row(vocab_size, scaled.dtype).scatter(1, ids_kept + offset if offset else ids_kept,
