@@ -319,9 +319,10 @@ def test_exponentials_taken_ahead_are_the_generators():
     from arnar.decode.sampling import ExponentialDraws, draw, sample_ids
 
     g = torch.Generator().manual_seed(2)
-    for trial, block in enumerate([1, 7, 1520, 16 * 1520]):
+    for trial, (block, expected) in enumerate([(1, None), (7, None), (1520, None), (16 * 1520, None),
+                                               (16 * 1520, 5 * 1520), (4 * 1520, 100 * 1520)]):
         plain, ahead = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
-        with ExponentialDraws(ahead, block) as draws:
+        with ExponentialDraws(ahead, block, expected) as draws:
             for step in range(12):
                 logits = torch.randn(1 if step % 3 else 4, 1520, generator=g) * 2
                 options = {"top_k": [0, 25][step % 2], "top_p": [1.0, 0.8][step % 3 % 2]}

@@ -121,11 +121,14 @@ class ExponentialDraws:
     one row per step pays the kernel's first-call cost after every forward pass (its code and the
     generator's state are out of the caches by then), one block of rows pays it once. Use it as a
     context manager (``with ExponentialDraws(g, row) as draws``) and hand ``draws`` to the
-    sampling functions of one decoding loop instead of the generator."""
+    sampling functions of one decoding loop instead of the generator. ``expected``: how many draws
+    the loop will at least take (e.g. one row per step of a fixed length): blocks stop there, so
+    that a loop that takes them all leaves nothing to draw again."""
 
-    def __init__(self, generator: torch.Generator | None, block: int):
+    def __init__(self, generator: torch.Generator | None, block: int, expected: int | None = None):
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
+        self._expected = None if expected is None else int(expected)
         self.generator = generator if generator is not None else torch.default_generator
         if self.generator.device.type != "cpu":
             raise ValueError("ExponentialDraws takes ahead from a CPU generator")
@@ -143,12 +146,16 @@ class ExponentialDraws:
         parts = []
         while n > 0:
             if self._used == len(self._buffer):
+                size = self.block
+                if self._expected is not None:
+                    self._expected -= len(self._buffer)  # what the blocks so far covered
+                    size = min(size, self._expected) if self._expected > 0 else size
                 self._state = self.generator.get_state()
-                self._buffer = torch.empty(max(self.block, n)).exponential_(1, generator=self.generator)
+                self._buffer = torch.empty(max(size, n)).exponential_(1, generator=self.generator)
                 self._used = 0
                 self.positive = bool(self._buffer.min() > 0)
             k = min(n, len(self._buffer) - self._used)
-            parts.append(self._buffer[self._used:self._used + k])
+            parts.append(self._buffer.narrow(0, self._used, k))
             self._used += k
             n -= k
         self.taken_from_buffer = len(parts) == 1  # else the take spans two blocks
@@ -273,17 +280,16 @@ def _sample_row_token(scaled: torch.Tensor, generator: torch.Generator | None, t
     if not v[K] < v[K - 1]:  # the k-th value repeated outside the top k (or -inf, NaN): plain path
         return None
     top = v[0]
-    weights = [math.exp(x - top) for x in v[:K]]  # float32 values, exact in double
-    total = math.fsum(weights)
+    weights = [math.exp(x - top) for x in v[:K]]  # float32 values, exact in double; descending
+    total = sum(weights)
     threshold = _as_float32((top_p,))[0]
+    # the first i whose preceding mass sum(weights[:i]) / total reaches the threshold, compared
+    # as masses (bounds scaled by the total); -1 when a mass lies within the margin
+    low, high = (threshold - NUCLEUS_MARGIN) * total, (threshold + NUCLEUS_MARGIN) * total
     n_kept, mass = K, 0.0
     for i, w in enumerate(weights):
-        before = mass / total
-        if abs(before - threshold) <= NUCLEUS_MARGIN:
-            n_kept = -1  # too close to call on the host
-            break
-        if before >= threshold:
-            n_kept = i
+        if mass >= low:
+            n_kept = i if mass > high else -1
             break
         mass += w
     if n_kept < 0:
@@ -294,12 +300,15 @@ def _sample_row_token(scaled: torch.Tensor, generator: torch.Generator | None, t
         return None  # a tie across the cut: ordered by torch.sort's tie rule
     q = _exponentials((1, vocab_size), scaled.dtype, scaled.device, generator, draws)
     kept = [i + offset for i in ids.tolist()[0][:n_kept]]
-    q_kept = q.numpy()[0, kept].tolist()
-    nucleus = math.fsum(weights[:n_kept])
-    ratios = [w / nucleus / qi for w, qi in zip(weights, q_kept)]
-    best = max(range(n_kept), key=ratios.__getitem__)
-    second = max((r for i, r in enumerate(ratios) if i != best), default=0.0)
-    certain = ratios[best] > second * (1.0 + DRAW_MARGIN) and min(weights[:n_kept]) / nucleus > 1e-30 \
+    q_row = memoryview(q.numpy()).cast("B").cast("f")  # float32 values as Python floats, no copy
+    # argmax of p / q over the nucleus: p is proportional to the weights (the common factor
+    # changes neither the argmax nor the ratio of the two largest)
+    ratios = [w / q_row[i] if q_row[i] > 0.0 else math.inf for w, i in zip(weights, kept)]
+    largest = max(ratios)
+    best = ratios.index(largest)
+    second = max(ratios[:best] + ratios[best + 1:], default=0.0)
+    certain = largest > second * (1.0 + DRAW_MARGIN) and largest < math.inf \
+        and weights[n_kept - 1] > 1e-30 * total \
         and (draws.positive if draws is not None and draws.taken_from_buffer else float(q.min()) > 0.0)
     if certain:
         return kept[best]
@@ -322,11 +331,10 @@ def _filtered_probs(flat: torch.Tensor, temperature: float, top_k: int, top_p: f
 def _row_token(logits: torch.Tensor, generator: torch.Generator | None, temperature: float, top_k: int,
                top_p: float, allowed_from: int, draws: ExponentialDraws | None) -> int | None:
     """The one-row top-k/top-p shortcut (:func:`_sample_row_token`) where it applies, else None."""
-    V = logits.shape[-1]
-    if temperature > 0 and logits.dim() == 2 and logits.shape[0] == 1 and logits.device.type == "cpu" \
-            and logits.dtype == torch.float32 and 0 < top_k < V - allowed_from - 1 and top_p < 1.0 \
-            and (generator is None or generator.device.type == "cpu"):
-        allowed = logits[:, allowed_from:] if allowed_from else logits
+    rows, V = logits.shape if logits.dim() == 2 else (0, 0)
+    if rows == 1 and temperature > 0 and 0 < top_k < V - allowed_from - 1 and top_p < 1.0 and logits.is_cpu \
+            and logits.dtype == torch.float32 and (generator is None or generator.device.type == "cpu"):
+        allowed = logits.narrow(1, allowed_from, V - allowed_from) if allowed_from else logits
         scaled = allowed if temperature == 1.0 else allowed / temperature
         return _sample_row_token(scaled, generator, top_k, top_p, V, allowed_from, draws)
     return None

@@ -101,7 +101,8 @@ class AR(Paradigm):
         # from a CPU generator they are taken ahead in blocks of DRAW_BLOCK rows, the generator
         # left as if drawn row by row
         cpu_generator = generator.device.type == "cpu" if generator is not None else device.type == "cpu"
-        ahead = ExponentialDraws(generator, DRAW_BLOCK * self.vocab.size) if cpu_generator else None
+        ahead = ExponentialDraws(generator, DRAW_BLOCK * self.vocab.size, expected=max_len * self.vocab.size) \
+            if cpu_generator else None
         with ahead or contextlib.nullcontext() as draws:
             while True:
                 eos_allowed = len(generated) >= min_len
@@ -123,7 +124,7 @@ class AR(Paradigm):
                     first_packet_seconds = time.perf_counter() - started
                 if len(generated) >= max_len:
                     break
-                position = positions[:, len(generated) - 1:len(generated)]
+                position = positions.narrow(1, len(generated) - 1, 1)
                 logits = self.logits(torch.tensor([[token]], device=device), position, cache=cache)[:, -1]
                 passes += 1
         speech = self.vocab.speech_codes(torch.tensor(generated, dtype=torch.long))
