@@ -426,7 +426,8 @@ class DeltaTTS(AR):
         for k in commits:
             if k == 0:
                 continue  # nothing to commit at this step: a pass would change nothing
-            hidden = self.hidden_states(sequence[None], positions, bidirectional)[0, start - 1:start - 1 + n_target]
+            hidden = self.hidden_states(sequence[None], positions, bidirectional)
+            hidden = hidden[0, start - 1:start - 1 + n_target]  # shift: the output at j - 1 predicts token j
             # sampled on the CPU: the caller's generator is a CPU generator
             logits = self.speech_logits(hidden[still.to(device)]).float().cpu()
             codes, confidence = sample_tokens(logits, generator, **sampling)

@@ -327,7 +327,7 @@ class _Decoder:
     (:func:`hybrid_attention_mask`) in the form ``key allowed <=> key position < limit`` (the
     limit for text keys and the one for stream keys) plus the span it shares with its keys (-2:
     none). A pass's new positions are collected as Python ints (``add_*``) and written with one
-    copy; its mask rows are then four elementwise operations over ``[new, all]``, the same booleans
+    copy; its mask rows are then a few elementwise operations over ``[new, all]``, the same booleans
     as :func:`hybrid_attention_mask` (tests/test_syncspeech.py compares them)."""
 
     FIELDS = ("input_ids", "position_ids", "is_text", "span", "text_limit", "stream_limit", "query_span")
