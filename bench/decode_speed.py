@@ -80,7 +80,7 @@ TEXT_VOCAB, SPEECH_VOCAB, COD_SPEECH_VOCAB = 1000, 512, 256
 # by forward hooks) or methods (timed by a wrapper). Nested calls count once (ForwardTimer).
 NETWORK_CALLS = {
     "ar": ("embed", "backbone", "head"),
-    "nar": ("embed", "backbone", "head"),
+    "nar": ("embed", "backbone", "head", "speech_logits"),  # the head's speech rows alone (generate)
     "syncspeech": ("embed", "backbone", "head", "duration_head"),
     # two networks of their own; generate calls PalleNetwork.hidden (front end + backbone) then .head
     "palle": ("stage_one.hidden", "stage_two.hidden", "stage_one.head", "stage_two.head"),
