@@ -477,6 +477,7 @@ NOT_IN_LIBRITTS_DAG = {
     "synth_corpus": "synth corpus only (defined for the synth profiles, not for a downloaded corpus)",
     "train_codec": "trains the offline codec; libritts tokenizes with the pretrained S3 and DAC",
     "align": "the pocketsphinx/oracle aligners; libritts aligns with MFA (align_mfa)",
+    "align_codec_labels": "pocketsphinx phone labels for the offline codec (a synth profile with train_aligner set)",
     "alignment_accuracy": "scores an aligner against synth's own timings (libritts: score_splits: [])",
     "coarse_tokens": "CoD Table V's coarse tokens come from the offline codec; libritts models S3/DAC tokens",
 }
