@@ -74,6 +74,7 @@ def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir
     import soundfile as sf
     from tqdm import tqdm
 
+    from arnar.atomic import atomic_path
     from arnar.evaluate.audio import load_mono
     from arnar.evaluate.testlists import read_testlist
     from arnar.synthesize import continuation_text
@@ -101,9 +102,8 @@ def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir
         audio = synth._decode(codes.numpy()[None].astype(np.int64), prompt, prompt_codes)
         if continuing:
             audio = np.concatenate([prompt.astype(np.float32), audio])
-        tmp = out / f".tmp.{item.item_id}.wav"
-        sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
-        os.replace(tmp, out / f"{item.item_id}.wav")
+        with atomic_path(out / f"{item.item_id}.wav") as tmp:
+            sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
         per_item.append({"item_id": item.item_id, "frames": len(target_codes), "accuracy": accuracy})
     frames = sum(r["frames"] for r in per_item)
     summary = {
@@ -114,6 +114,7 @@ def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir
         "accuracy": sum(r["accuracy"] * r["frames"] for r in per_item) / frames if frames else 0.0,
         "per_item": per_item,
     }
-    (out / "ladder.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    with atomic_path(out / "ladder.json") as tmp:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     log.info("teacher-forced %d items -> %s (token accuracy %.1f %%)", len(per_item), out, 100 * summary["accuracy"])
     return summary
