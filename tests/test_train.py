@@ -28,9 +28,11 @@ from arnar.data.tts import (  # noqa: E402
     TrainDataError,
     join_utterances,
     load_utterances,
+    prompt_pairs,
     read_durations,
     vocab_for,
 )
+from arnar.paradigms.base import Utterance  # noqa: E402
 from arnar.paradigms.base import collate  # noqa: E402
 from arnar.train import (  # noqa: E402
     TrainError,
@@ -196,6 +198,38 @@ def test_load_utterances_joins_skips_and_clips(tmp_path, caplog):
     assert len(join_utterances(tokens, read_durations(durations), max_frames=19)[0]) == 0
     with pytest.raises(TrainDataError, match="no utterance"):
         load_utterances(split, durations, max_frames=19)
+
+
+def test_prompt_pairs_join_same_speaker_utterances_as_the_test_layout():
+    def utt(utt_id, text, frames, ends):
+        return Utterance(utt_id, utt_id.split("_")[0], torch.tensor(text), torch.arange(frames) + 100 * len(text),
+                         torch.tensor(ends))
+
+    utts = [utt("a_1", [1, 2], 5, [2, 5]), utt("a_2", [3], 4, [4]), utt("a_3", [4, 5, 6], 6, [1, 3, 6]),
+            utt("b_1", [7], 3, [3])]  # speaker b has one utterance: it stays single
+    assert prompt_pairs(utts, 0.0, seed=0) == utts
+    joined = prompt_pairs(utts, 1.0, seed=0)
+    assert len(joined) == len(utts) and joined[3] is utts[3]
+    by_id = {u.utt_id: u for u in utts}
+    for target, pair in zip(utts[:3], joined[:3]):
+        prompt_id, target_id = pair.utt_id.split("+")
+        prompt = by_id[prompt_id]
+        # the target stays the second utterance; the prompt is another one of its speaker
+        assert target_id == target.utt_id and prompt_id != target_id and prompt.speaker == pair.speaker == "a"
+        assert pair.text.tolist() == prompt.text.tolist() + target.text.tolist()
+        assert pair.speech.tolist() == prompt.speech.tolist() + target.speech.tolist()
+        # a_n of the target's tokens counted from the joined speech's first frame (SyncSpeech Eq. 1)
+        assert pair.ends.tolist() == prompt.ends.tolist() + [e + prompt.num_frames for e in target.ends.tolist()]
+        assert int(pair.ends[-1]) == pair.num_frames
+    # hand-worked: a_2's prompt among {a_1, a_3} from the seed, the same on every call
+    assert [u.utt_id for u in prompt_pairs(utts, 1.0, seed=0)] == [u.utt_id for u in joined]
+    half = prompt_pairs(utts, 0.5, seed=3)
+    assert sum("+" in u.utt_id for u in half) == 2
+    with pytest.raises(TrainDataError, match="prompt_pairs must lie in"):
+        prompt_pairs(utts, 1.5, seed=0)
+    featured = [Utterance("a_1", "a", torch.tensor([1]), torch.tensor([2]), None, {"phones": torch.tensor([1])})]
+    with pytest.raises(TrainDataError, match="per-utterance features"):
+        prompt_pairs(featured, 0.5, seed=0)
 
 
 def test_load_utterances_errors_name_the_file(tmp_path, data):

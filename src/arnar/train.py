@@ -67,7 +67,8 @@ from omegaconf import DictConfig, OmegaConf
 from arnar.atomic import atomic_path
 from arnar.atomic import write_text as atomic_write_text
 from arnar.codec.shards import read_token_manifest
-from arnar.data.tts import BucketBatchSampler, TrainDataError, load_utterances, stable_seed, vocab_for
+from arnar.data.tts import (BucketBatchSampler, TrainDataError, load_utterances, prompt_pairs, stable_seed,
+                            vocab_for)
 from arnar.paradigms import build_paradigm
 from arnar.paradigms.base import Batch, Paradigm, Utterance, Vocab, collate
 
@@ -594,6 +595,12 @@ def _train(cfg, tc, ctx: Distributed, run_dir: Path, train_tokens, train_duratio
     # data: every rank reads all of it (token sets are small next to the model) and shards batches
     data_opts = {"codebook": int(cfg.data.codebook), "max_frames": cfg.data.max_frames}
     utterances = load_utterances(train_tokens, train_durations, **data_opts, features=cfg.data.get("features"))
+    pair_fraction = float(cfg.data.get("prompt_pairs") or 0.0)
+    if pair_fraction:
+        singles = len(utterances)
+        utterances = prompt_pairs(utterances, pair_fraction, seed)
+        log.info("data.prompt_pairs %.2f: %d of %d training utterances behind a same-speaker prompt",
+                 pair_fraction, sum("+" in u.utt_id for u in utterances), singles)
     vocab = vocab_for(train_tokens, bpe_model)
     codec_hash = read_token_manifest(train_tokens)["codec"].get("config_hash")  # no resuming onto other tokens
     _check_vocab(utterances, vocab, str(train_durations))

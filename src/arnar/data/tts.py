@@ -36,7 +36,7 @@ import torch
 from arnar.paradigms.base import Utterance, Vocab
 
 __all__ = ["BucketBatchSampler", "TrainDataError", "join_utterances", "load_utterances",
-           "read_durations", "speaker_of", "vocab_for"]
+           "prompt_pairs", "read_durations", "speaker_of", "vocab_for"]
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +180,50 @@ def load_utterances(
     if not utterances:
         raise TrainDataError(f"no utterance of {tokens_dir} joins with {durations_jsonl} ({dict(counts)})")
     return utterances
+
+
+def prompt_pairs(utterances: Sequence[Utterance], fraction: float, seed: int) -> list[Utterance]:
+    """The training set with a share of its utterances laid out as cross-sentence prompting lays
+    out a test item: another utterance of the same speaker in front, text after text and speech
+    after speech, as one utterance (``ends`` of the second shifted by the first's frames).
+
+    ``fraction`` of the utterances whose speaker has another one (a seeded choice) get a prompt, itself a seeded choice among
+    the speaker's other utterances; the rest stay single, so the epoch still holds every
+    utterance once as a target. The papers train on single utterances; this is an option for a
+    small corpus, where a model that never saw two sentences joined mis-reads the test layout
+    (README, "Toward a speaking default"). Speakers with one utterance keep it single.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise TrainDataError(f"data.prompt_pairs must lie in [0, 1], got {fraction}")
+    if fraction == 0.0:
+        return list(utterances)
+    if any(u.features for u in utterances):
+        raise TrainDataError("data.prompt_pairs: utterances with per-utterance features (data.features) "
+                             "cannot be joined; use prompt_pairs 0 for this paradigm")
+    gen = torch.Generator().manual_seed(stable_seed(seed, "prompt_pairs"))
+    by_speaker: dict[str, list[int]] = {}
+    for i, utt in enumerate(utterances):
+        by_speaker.setdefault(utt.speaker, []).append(i)
+    eligible = [i for i, utt in enumerate(utterances) if len(by_speaker[utt.speaker]) > 1]
+    n_paired = round(fraction * len(eligible))
+    paired = {eligible[j] for j in torch.randperm(len(eligible), generator=gen)[:n_paired].tolist()}
+    out = []
+    for i, target in enumerate(utterances):
+        others = by_speaker[target.speaker]
+        if i not in paired:
+            out.append(target)
+            continue
+        pick = int(torch.randint(len(others) - 1, (1,), generator=gen))
+        prompt = utterances[others[pick] if others[pick] != i else others[-1]]
+        ends = None
+        if prompt.ends is not None and target.ends is not None:
+            ends = torch.cat([prompt.ends, target.ends + prompt.num_frames])
+        out.append(Utterance(
+            utt_id=f"{prompt.utt_id}+{target.utt_id}", speaker=target.speaker,
+            text=torch.cat([prompt.text, target.text]), speech=torch.cat([prompt.speech, target.speech]),
+            ends=ends,
+        ))
+    return out
 
 
 def read_features(path: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:
