@@ -739,6 +739,7 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
     # Copy the sampled audio beside the page so the folder is self-contained (and DVC-trackable).
     audio_dir = out_dir / "audio"
     shutil.rmtree(audio_dir, ignore_errors=True)
+    audio_dir.mkdir(parents=True)  # a DVC out of its own (dvc.yaml), so present even with no samples
     sample_rows: dict[str, list] = {}
     for task in TASKS:
         items = read_testlist(testlist_dir / f"{task}.tsv")[:samples]
