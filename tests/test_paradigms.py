@@ -71,6 +71,26 @@ def test_ar_training_example_hand_worked():
     assert ex.attention_mask is None  # causal
 
 
+def test_ar_input_noise_corrupts_read_speech_tokens_only():
+    model = build_paradigm("ar", VOCAB, TINY, input_noise=0.5)
+    speech = tuple(range(12)) * 20  # 240 frames: the share replaced is measurable
+    clean = build_paradigm("ar", VOCAB, TINY).training_example(utterance(speech=speech), torch.Generator())
+    ex = model.training_example(utterance(speech=speech), torch.Generator().manual_seed(0))
+    # targets, text and markers are untouched: the model still predicts the true next token
+    assert torch.equal(ex.targets, clean.targets)
+    assert ex.input_ids[:5].tolist() == clean.input_ids[:5].tolist() == [SOS, 9, 10, 11, TURN]
+    read = ex.input_ids[5:]
+    assert bool(VOCAB.is_speech(read).all())
+    changed = float((read != clean.input_ids[5:]).float().mean())
+    # each read token is redrawn with p = 0.5 and a redraw lands on the same code with p = 1/12:
+    # 0.5 * 11/12 = 0.458 of them change (240 draws: sd 0.032)
+    assert 0.36 < changed < 0.56
+    again = model.training_example(utterance(speech=speech), torch.Generator().manual_seed(0))
+    assert torch.equal(again.input_ids, ex.input_ids)  # from the example's own generator
+    with pytest.raises(ValueError, match="input_noise"):
+        build_paradigm("ar", VOCAB, TINY, input_noise=1.0)
+
+
 def test_ar_greedy_decoding_equals_full_forward_argmax():
     torch.manual_seed(0)
     model = build_paradigm("ar", VOCAB, TINY).eval()

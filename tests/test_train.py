@@ -430,6 +430,21 @@ def test_checkpoint_of_another_model_is_refused_and_a_fresh_start_clears(data, t
         load_model(tmp_path, 9)
 
 
+def test_a_run_trained_before_an_option_existed_still_resumes(data, tmp_path):
+    run_train(data, tmp_path, ["paradigm=ar", "train.max_steps=2", "train.ckpt_every=1"])
+    last = tmp_path / "checkpoints" / "last.pt"
+    saved = torch.load(last, weights_only=False)
+    # as a checkpoint written before data.prompt_pairs and AR's input_noise were options
+    del saved["config"]["data"]["prompt_pairs"], saved["config"]["paradigm"]["options"]["input_noise"]
+    torch.save(saved, last)
+    run_train(data, tmp_path, ["paradigm=ar", "train.max_steps=3", "train.ckpt_every=1", "train.log_every=1"])
+    # the first run logged its last step only (log_every 5); a fresh start would log 1, 2 and 3
+    assert [s for s, _ in logged(tmp_path, "train/loss")] == [2, 3]
+    # a value other than the one the old run trained with is another run
+    with pytest.raises(TrainError, match="different data config"):
+        run_train(data, tmp_path, ["paradigm=ar", "train.max_steps=4", "data.prompt_pairs=0.5"])
+
+
 def test_best_dev_weights_are_kept_and_used(data, tmp_path):
     """Small corpora overfit: best.pt holds the weights of the lowest dev loss, and checkpoint
     "best" (synthesis, later stages) loads them; without dev data "best" falls back to final.pt."""

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -459,11 +460,31 @@ class IncompatibleCheckpoint(TrainError):
 BOOKKEEPING = {"progress", "log_every", "ckpt_every", "keep_checkpoints", "device", "find_unused_parameters"}
 
 
+# config keys added after runs were trained, with the value that reproduces those runs: a
+# checkpoint whose config lacks one that the current config has was trained as this value trains
+# (a new option does not make every trained run incompatible)
+ADDED_KEYS = {("data", "prompt_pairs"): 0.0, ("paradigm", "options", "input_noise"): 0.0}
+
+
+def _with_added_keys(saved: dict[str, Any], current: dict[str, Any], section: str) -> Any:
+    """``saved[section]`` with the :data:`ADDED_KEYS` it predates filled in."""
+    value = copy.deepcopy(saved.get(section))
+    for (top, *path), default in ADDED_KEYS.items():
+        node, now = value, current.get(top)
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+            now = now.get(key) if isinstance(now, dict) else None
+        if top == section and isinstance(node, dict) and isinstance(now, dict) \
+                and path[-1] in now and path[-1] not in node:
+            node[path[-1]] = default
+    return value
+
+
 def _check_compatible(saved: dict[str, Any], cfg: DictConfig, vocab: Vocab, codec_hash: str | None, path: Path,
                       warn: bool = True, strict: bool = False) -> None:
     current = OmegaConf.to_container(cfg, resolve=True)
     for section in ("paradigm", "model", "data"):
-        if saved["config"].get(section) != current.get(section):
+        if _with_added_keys(saved["config"], current, section) != current.get(section):
             raise IncompatibleCheckpoint(f"{path}: checkpoint of a different {section} config ({saved['config'].get(section)} "
                              f"vs {current.get(section)}); use another run dir or --no-resume")
     if saved["vocab"] != vocab.to_dict():

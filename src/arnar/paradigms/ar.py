@@ -54,13 +54,35 @@ def ar_sequence(vocab, text: torch.Tensor, speech: torch.Tensor) -> torch.Tensor
 class AR(Paradigm):
     name = "ar"
 
+    def __init__(self, vocab, model, *, input_noise: float = 0.0, **options: Any):
+        if not 0.0 <= float(input_noise) < 1.0:
+            raise ValueError(f"ar option input_noise must lie in [0, 1), got {input_noise}")
+        super().__init__(vocab, model, input_noise=float(input_noise), **options)
+        self.input_noise = float(input_noise)
+
     def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
         sequence = ar_sequence(self.vocab, utt.text, utt.speech)
         inputs, targets = sequence[:-1], sequence[1:].clone()
         # the position holding <turn> predicts the first speech token: everything before it is text
         first_speech_target = len(utt.text) + 1
         targets[:first_speech_target] = IGNORE
+        if self.input_noise > 0:
+            inputs = self.corrupt_speech_inputs(inputs, first_speech_target + 1, generator)
         return Example(inputs, torch.arange(len(inputs)), targets)
+
+    def corrupt_speech_inputs(self, inputs: torch.Tensor, first_speech_input: int,
+                              generator: torch.Generator) -> torch.Tensor:
+        """Replace a share ``input_noise`` of the speech tokens the model *reads* (never the ones
+        it predicts) by uniform random codes. Not in the papers (they train teacher-forced): an
+        option for small models, whose free-running output drifts once one token is wrong
+        (teacher-forced vs free-running rungs of ``arnar ladder``); the model learns to predict
+        the right next token from a history with errors in it."""
+        inputs = inputs.clone()
+        n_speech = len(inputs) - first_speech_input
+        hit = torch.rand(n_speech, generator=generator) < self.input_noise
+        noise = torch.randint(self.vocab.speech_size, (n_speech,), generator=generator) + self.vocab.speech_offset
+        inputs[first_speech_input:] = torch.where(hit, noise, inputs[first_speech_input:])
+        return inputs
 
     def speech_or_eos(self, device) -> torch.Tensor:
         allowed = torch.zeros(self.vocab.size, dtype=torch.bool, device=device)
