@@ -67,7 +67,7 @@ from omegaconf import DictConfig, OmegaConf
 from arnar.atomic import atomic_path
 from arnar.atomic import write_text as atomic_write_text
 from arnar.codec.shards import read_token_manifest
-from arnar.data.tts import (BucketBatchSampler, TrainDataError, load_utterances, prompt_pairs, stable_seed,
+from arnar.train.data import (BucketBatchSampler, TrainDataError, load_utterances, prompt_pairs, stable_seed,
                             vocab_for)
 from arnar.paradigms import build_paradigm
 from arnar.paradigms.base import Batch, Paradigm, Utterance, Vocab, collate
@@ -77,7 +77,7 @@ __all__ = ["TrainError", "compose_config", "learning_rate", "train", "load_model
 
 log = logging.getLogger("arnar.train")
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CHECKPOINT_FORMAT = "arnar-train-checkpoint/1"
 FINAL_FORMAT = "arnar-model/1"
 RECENT_LOSSES = 50  # steps averaged into the summary's final_train_loss
@@ -892,6 +892,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
