@@ -28,6 +28,28 @@ def cmd_config(args: argparse.Namespace) -> None:
     print(json.dumps(load_params(args.params, overrides), indent=2))
 
 
+def cmd_runs(args: argparse.Namespace) -> None:
+    from arnar.config import load_params
+    from arnar.runs import run_registry
+
+    overrides = {"profile": args.profile} if args.profile else None
+    params = load_params(args.params, overrides)
+    registry = run_registry(params)
+    rows = []
+    for run in registry.all_runs():
+        spec = registry.runs[run]
+        chain = ([f"init_from {spec['init_from']}"] if "init_from" in spec else []) + \
+            [f"reads {r}" for r in spec.get("reads", [])] + \
+            ([f"base {registry.run_base[run]}"] if run in registry.run_base else [])
+        systems = [s for s, (r, _) in registry.paradigm_systems.items() if r == run]
+        rows.append((run, spec["config"], ", ".join(chain) or "-", " ".join(systems) or "-"))
+    print(f"profile {params['profile']}: {len(rows)} runs, {len(registry.paradigm_systems)} evaluated systems")
+    header = ("run", "config", "chain", "systems")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+
+
 def cmd_synth(args: argparse.Namespace) -> None:
     from arnar.corpus.synth import build_synth_corpus
 
@@ -388,6 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--profile", help="override the profile named in the file")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("runs", help="the profile's training runs, their chains and evaluated systems (arnar.runs)")
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--profile", help="override the profile named in the file")
+    p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("synth", help="build the embedded synthesized corpus")
     p.add_argument("--out", required=True)
