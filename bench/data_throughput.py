@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from arnar.data.manifests import ingest_corpus
-from arnar.data.synth import build_synth_corpus
-from arnar.data.validate import ValidationLimits
+from arnar.corpus.manifests import ingest_corpus
+from arnar.corpus.synth import build_synth_corpus
+from arnar.corpus.validate import ValidationLimits
 
 
 def timed(fn) -> float:

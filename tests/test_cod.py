@@ -698,8 +698,8 @@ def test_features_builder_on_written_data(tmp_path, monkeypatch):
     import soundfile as sf
 
     from arnar.codec.shards import write_token_shards
-    from arnar.data.cod_features import build_features, main
-    from arnar.data.tts import load_utterances, read_features
+    from arnar.train.features import build_features, main
+    from arnar.train.data import load_utterances, read_features
 
     rate = 16000
     ramp = (np.arange(rate) / (2 * rate)).astype(np.float32)  # 1 s, sample i = i / 32000

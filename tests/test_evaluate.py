@@ -27,8 +27,8 @@ def _item(n, task="cross_sentence", text="The birch canoe slid on the smooth pla
 @pytest.fixture(scope="module")
 def test_cuts(tmp_path_factory):
     """A held-out split of two speakers with word alignments, through the real ingest."""
-    from arnar.data.manifests import ingest_corpus
-    from arnar.data.validate import ValidationLimits
+    from arnar.corpus.manifests import ingest_corpus
+    from arnar.corpus.validate import ValidationLimits
 
     root = tmp_path_factory.mktemp("corpus")
     (root / "speakers.tsv").write_text("speaker\tsplit\na\ttest\nb\ttest\n")

@@ -11,8 +11,8 @@ import pytest
 import soundfile as sf
 from lhotse import CutSet, load_manifest
 
-from arnar.data.manifests import CorpusError, assign_split, ingest_corpus, RawItem
-from arnar.data.validate import ValidationLimits, check_audio, wav_declared_data_bytes
+from arnar.corpus.manifests import CorpusError, assign_split, ingest_corpus, RawItem
+from arnar.corpus.validate import ValidationLimits, check_audio, wav_declared_data_bytes
 
 RATE = 16000
 LIMITS = ValidationLimits(sample_rate=RATE, min_duration=0.5, max_duration=10.0)

@@ -1,4 +1,4 @@
-"""Corpus recipes (arnar.data.recipes) on tiny fixtures laid out like the real corpora.
+"""Corpus recipes (arnar.corpus.recipes) on tiny fixtures laid out like the real corpora.
 
 Nothing here reaches the internet: archives are served by a local HTTP server (with Range
 support and a switch that drops the connection half-way), the corpora are written by the
@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from arnar.data.manifests import CorpusError, ingest_corpus
-from arnar.data.recipes import prepare_corpus, required_archives
-from arnar.data.recipes.corpus import sentence_case
-from arnar.data.recipes.download import Archive, DownloadError, download, fetch
-from arnar.data.recipes.quality import (
+from arnar.corpus.manifests import CorpusError, ingest_corpus
+from arnar.corpus.recipes import prepare_corpus, required_archives
+from arnar.corpus.recipes.corpus import sentence_case
+from arnar.corpus.recipes.download import Archive, DownloadError, download, fetch
+from arnar.corpus.recipes.quality import (
     C50_CAP,
     BrouhahaEstimator,
     OfflineEstimator,
@@ -35,7 +35,7 @@ from arnar.data.recipes.quality import (
     estimate_snr,
     make_estimator,
 )
-from arnar.data.validate import ValidationLimits
+from arnar.corpus.validate import ValidationLimits
 from arnar.evaluate.testlists import build_testlists
 
 from smoke_dag import BIN, copy_workflow, run

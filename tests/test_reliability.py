@@ -142,7 +142,7 @@ def test_corpus_faults_are_quarantined_and_good_items_reach_the_tokens(smoke, tm
 
 
 def test_transcript_byte_order_mark_is_not_text(tmp_path):
-    from arnar.data.validate import read_transcript
+    from arnar.corpus.validate import read_transcript
 
     path = tmp_path / "bom.txt"
     path.write_bytes("\ufeffA sentence saved by Notepad.\n".encode("utf-8"))
@@ -333,7 +333,7 @@ def assert_no_half_written_file(root: Path) -> None:
     """Every output under data/ and results/ is whole: no temporary file is left, JSON parses,
     checkpoints load, WAVs hold every sample their header declares, token shards match their
     manifests' checksums."""
-    from arnar.data.validate import wav_declared_data_bytes
+    from arnar.corpus.validate import wav_declared_data_bytes
 
     files = [p for top in ("data", "results") for p in sorted((root / top).rglob("*")) if p.is_file()]
     assert files

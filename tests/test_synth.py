@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from arnar.data import synth, texts
+from arnar.corpus import synth, texts
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(p) for p in ("flite", "t2p", "festival", "sox", "diatheke")),

@@ -1,4 +1,4 @@
-"""The training engine (arnar.train) and its data (arnar.data.tts) on tiny models and data.
+"""The training engine (arnar.train) and its data (arnar.train.data) on tiny models and data.
 
 The DDP check runs 2 CPU processes with gloo under torchrun (tests/ddp_worker.py); everything
 else runs in this process.
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_worker import ADAM_EPS, toy_batch_examples, toy_paradigm  # noqa: E402  (registers toy_next)
 
 from arnar.codec.shards import write_token_shards  # noqa: E402
-from arnar.data.tts import (  # noqa: E402
+from arnar.train.data import (  # noqa: E402
     BucketBatchSampler,
     TrainDataError,
     join_utterances,
@@ -190,7 +190,7 @@ def test_load_utterances_joins_skips_and_clips(tmp_path, caplog):
     assert all(int(u.ends[-1]) == u.num_frames == 20 for u in utts)
     assert utts[1].ends.tolist() == [5, 12, 20] and utts[2].ends.tolist() == [5, 12, 20]
 
-    with caplog.at_level(logging.INFO, logger="arnar.data.tts"):
+    with caplog.at_level(logging.INFO, logger="arnar.train.data"):
         loaded = load_utterances(split, durations)
     assert [u.utt_id for u in loaded] == [u.utt_id for u in utts]
     line = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())

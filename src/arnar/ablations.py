@@ -7,7 +7,7 @@ the papers' grids in ``libritts``). An axis either
   system of the same checkpoint (no retraining), or
 * varies a **training-time option**: every value is one more training run (and its system).
 
-The DAG (``workflow/rules/runs.smk``) turns each value into a system name with
+The run registry (:mod:`arnar.runs`, read by the DAG) turns each value into a system name with
 :func:`grid_system` and the report (:mod:`arnar.report`) draws each axis as its paper's table
 or curve from the same definitions, so names and settings cannot drift apart.
 

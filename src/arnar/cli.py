@@ -28,8 +28,30 @@ def cmd_config(args: argparse.Namespace) -> None:
     print(json.dumps(load_params(args.params, overrides), indent=2))
 
 
+def cmd_runs(args: argparse.Namespace) -> None:
+    from arnar.config import load_params
+    from arnar.runs import run_registry
+
+    overrides = {"profile": args.profile} if args.profile else None
+    params = load_params(args.params, overrides)
+    registry = run_registry(params)
+    rows = []
+    for run in registry.all_runs():
+        spec = registry.runs[run]
+        chain = ([f"init_from {spec['init_from']}"] if "init_from" in spec else []) + \
+            [f"reads {r}" for r in spec.get("reads", [])] + \
+            ([f"base {registry.run_base[run]}"] if run in registry.run_base else [])
+        systems = [s for s, (r, _) in registry.paradigm_systems.items() if r == run]
+        rows.append((run, spec["config"], ", ".join(chain) or "-", " ".join(systems) or "-"))
+    print(f"profile {params['profile']}: {len(rows)} runs, {len(registry.paradigm_systems)} evaluated systems")
+    header = ("run", "config", "chain", "systems")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+
+
 def cmd_synth(args: argparse.Namespace) -> None:
-    from arnar.data.synth import build_synth_corpus
+    from arnar.corpus.synth import build_synth_corpus
 
     summary = build_synth_corpus(
         Path(args.out),
@@ -44,8 +66,8 @@ def cmd_synth(args: argparse.Namespace) -> None:
 
 
 def cmd_ingest(args: argparse.Namespace) -> None:
-    from arnar.data.manifests import ingest_corpus
-    from arnar.data.validate import ValidationLimits
+    from arnar.corpus.manifests import ingest_corpus
+    from arnar.corpus.validate import ValidationLimits
 
     limits = ValidationLimits(
         sample_rate=args.sample_rate,
@@ -91,7 +113,7 @@ def _mirrors(args: argparse.Namespace) -> dict:
 
 
 def cmd_corpus_download(args: argparse.Namespace) -> None:
-    from arnar.data.recipes import download_part
+    from arnar.corpus.recipes import download_part
 
     extracted = download_part(args.source, args.part, Path(args.download_dir), mirrors=_mirrors(args),
                               mls_audio=args.mls_audio, retries=args.retries,
@@ -100,7 +122,7 @@ def cmd_corpus_download(args: argparse.Namespace) -> None:
 
 
 def cmd_corpus_prepare(args: argparse.Namespace) -> None:
-    from arnar.data.recipes import prepare_corpus
+    from arnar.corpus.recipes import prepare_corpus
 
     mls_options = {"audio": args.mls_audio, "min_snr": args.mls_min_snr, "min_c50": args.mls_min_c50,
                    "estimator": args.mls_estimator, "brouhaha_model": args.mls_brouhaha_model}
@@ -389,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="override the profile named in the file")
     p.set_defaults(func=cmd_config)
 
+    p = sub.add_parser("runs", help="the profile's training runs, their chains and evaluated systems (arnar.runs)")
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--profile", help="override the profile named in the file")
+    p.set_defaults(func=cmd_runs)
+
     p = sub.add_parser("synth", help="build the embedded synthesized corpus")
     p.add_argument("--out", required=True)
     p.add_argument("--speakers", type=int, required=True)
@@ -429,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quarantine-out", required=True)
     p.set_defaults(func=cmd_corpus_report)
 
-    # Paper-scale corpora (arnar.data.recipes): `arnar corpus download`, then `arnar corpus prepare`.
+    # Paper-scale corpora (arnar.corpus.recipes): `arnar corpus download`, then `arnar corpus prepare`.
     p = sub.add_parser("corpus", help="download and lay out a paper-scale corpus (libritts, mls)")
     corpus_sub = p.add_subparsers(dest="corpus_command", required=True)
 
@@ -630,9 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
 # and keeps its traceback.
 def _user_errors() -> tuple[type[BaseException], ...]:
     from arnar.config import ConfigError
-    from arnar.data.manifests import CorpusError
-    from arnar.data.synth import SynthError
-    from arnar.data.texts import SourceMissingError
+    from arnar.corpus.manifests import CorpusError
+    from arnar.corpus.synth import SynthError
+    from arnar.corpus.texts import SourceMissingError
     from arnar.evaluate.audio import AudioError
     from arnar.evaluate.testlists import TestListError
     from arnar.text import TokenizerError
@@ -661,8 +688,8 @@ def main(argv: list[str] | None = None) -> int:
         from arnar.stream import main as stream_main
 
         return stream_main(argv[1:])
-    if argv[:1] == ["cod-features"]:  # Chain-of-Details inputs (arnar.data.cod_features)
-        from arnar.data.cod_features import main as cod_features_main
+    if argv[:1] == ["cod-features"]:  # Chain-of-Details inputs (arnar.train.features)
+        from arnar.train.features import main as cod_features_main
 
         return cod_features_main(argv[1:])
     if argv[:1] == ["coarse-tokens"]:  # CoD coarse token kinds (arnar.codec.coarse)

@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arnar.data.validate import ValidationLimits
+from arnar.corpus.validate import ValidationLimits
 from arnar.paradigms.base import SynthesisRequest
 from arnar.text import analyze_words
 

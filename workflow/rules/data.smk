@@ -1,6 +1,6 @@
 # Data phase: corpus -> validated lhotse manifests (+ quarantine report) -> text tokenizers.
 
-from arnar.data.manifests import CorpusError
+from arnar.corpus.manifests import CorpusError
 
 CORPUS = P["corpus"]
 VALIDATION = P["validation"]
@@ -28,10 +28,10 @@ if CORPUS["name"] == "synth":
             " --sample-rate {params.sample_rate} --seed {params.seed} --workers {threads} 2> {log}"
 
 else:
-    # Downloaded corpora (src/arnar/data/recipes): every archive the corpus needs is downloaded,
+    # Downloaded corpora (src/arnar/corpus/recipes): every archive the corpus needs is downloaded,
     # verified and extracted once into corpus.download_dir (shared by the profiles; a dry run
     # never downloads), then laid out as the corpus folder that the manifests rule ingests.
-    from arnar.data.recipes import required_archives
+    from arnar.corpus.recipes import required_archives
 
     DOWNLOADS = CORPUS["download_dir"]
     try:

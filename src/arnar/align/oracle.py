@@ -1,6 +1,6 @@
 """The "oracle" aligner: the synthesizer's own timings that the embedded corpus ships.
 
-The corpus builder (``arnar.data.synth``) keeps, next to each utterance, the phone and word
+The corpus builder (``arnar.corpus.synth``) keeps, next to each utterance, the phone and word
 timings the synthesizer itself used (festival's segment/word relations, flite's ``-psdur``),
 as ``{"phones": [[sym, start, end], ...], "words": [[word, start, end], ...]}`` in seconds; the
 manifests carry the same as lhotse alignments (``items_from_cuts`` turns them back into this

@@ -173,7 +173,7 @@ def _split_latents(tokenizer: CoarseTokenizer, cuts: list[Any], where: str, prog
     """Coarse latents of every cut, by cut id."""
     from tqdm import tqdm
 
-    from arnar.data.cod_features import read_cut_audio
+    from arnar.train.features import read_cut_audio
 
     latents = {}
     for cut in tqdm(cuts, desc=f"coarse latents ({tokenizer.kind}) {Path(where).name}", unit="utt",
@@ -196,7 +196,7 @@ def build_coarse_tokens(kind: str, n_levels: int, codec_model: str | Path, split
                         out_dir: str | Path, *, seed: int = 0, iters: int = 20, threads: int = 2,
                         progress: bool = True) -> CoarseTokenizer:
     """Fit the codebooks of ``kind`` on the first split and add every split's coarse levels to its
-    CoD features table (:mod:`arnar.data.cod_features`).
+    CoD features table (:mod:`arnar.train.features`).
 
     ``splits``: ``(cut manifest, features file in, features file out)`` per split; the codebooks
     are fitted on the audio of the first (the training split). The output tables are the input
@@ -266,7 +266,7 @@ def build_parser(prog: str = "arnar coarse-tokens") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``arnar coarse-tokens``: exit status 0, or 2 with a one-line error naming the file."""
-    from arnar.data.cod_features import CodFeaturesError
+    from arnar.train.features import CodFeaturesError
 
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:

@@ -97,7 +97,7 @@ class Utterance:
     speech: torch.Tensor
     ends: torch.Tensor | None = None
     # per-utterance inputs some paradigms add (e.g. phoneme ids, a speaker embedding), from a
-    # features file built by the DAG (arnar.data.tts.load_utterances(features=...))
+    # features file built by the DAG (arnar.train.data.load_utterances(features=...))
     features: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property

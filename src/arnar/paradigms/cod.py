@@ -121,7 +121,7 @@ Synthesis inputs. :class:`~arnar.paradigms.base.SynthesisRequest` carries BPE id
 phonemes and a speaker embedding. :meth:`CoD.prepare_request` (called by
 :class:`arnar.synthesize.Synthesizer` when a paradigm has it) puts ``phonemes``, ``prompt_phonemes``
 and ``speaker`` into ``request.features``. Training reads the same names from
-``Utterance.features``, built by :mod:`arnar.data.cod_features`.
+``Utterance.features``, built by :mod:`arnar.train.features`.
 """
 
 from __future__ import annotations

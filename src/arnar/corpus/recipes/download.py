@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from arnar.data.manifests import CorpusError
+from arnar.corpus.manifests import CorpusError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ then pitch/tempo variants (:data:`VARIANTS`, made with ``sox -R``) of the cleare
 (:data:`VARIANT_BASES`), variant-major, so any ``1 <= n_speakers <= MAX_SPEAKERS`` works
 and a smaller corpus is a prefix of a larger one. Held-out (``test``) speakers are drawn
 with the seed, round-robin over base voices in a seeded order, so they span different base
-voices. Sentences come from :func:`arnar.data.texts.load_sentences`, shuffled with the
+voices. Sentences come from :func:`arnar.corpus.texts.load_sentences`, shuffled with the
 seed; speaker ``i`` reads sentences ``i*U .. (i+1)*U - 1`` of that order, each once.
 
 Timings. Phone timings come from the synthesizer itself: festival's Segment relation
@@ -505,7 +505,7 @@ def build_synth_corpus(
     The returned dict is ``summary.json`` plus ``build_seconds`` and ``x_real_time`` (also
     written to ``build_log.json``; kept out of ``summary.json`` so rebuilds are identical).
     """
-    from arnar.data.texts import load_sentences
+    from arnar.corpus.texts import load_sentences
 
     t0 = time.perf_counter()
     if utterances_per_speaker < 1:
@@ -639,7 +639,7 @@ def build_synth_corpus(
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(
-        prog="python -m arnar.data.synth",
+        prog="python -m arnar.corpus.synth",
         description="Build the embedded offline multi-speaker corpus 'synth'.",
     )
     ap.add_argument("--out", type=Path, required=True, help="output directory")

@@ -35,7 +35,7 @@ from lhotse.supervision import AlignmentItem
 from tqdm import tqdm
 
 from arnar import atomic
-from arnar.data.validate import ItemCheck, ValidationLimits, check_item
+from arnar.corpus.validate import ItemCheck, ValidationLimits, check_item
 
 SPLITS = ("train", "dev", "test")
 AUDIO_SUFFIX = ".wav"

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arnar.data.manifests import CorpusError
-from arnar.data.recipes.corpus import SourceItem, sentence_case
-from arnar.data.recipes.download import Archive
-from arnar.data.recipes.librivox import read_speaker_genders
+from arnar.corpus.manifests import CorpusError
+from arnar.corpus.recipes.corpus import SourceItem, sentence_case
+from arnar.corpus.recipes.download import Archive
+from arnar.corpus.recipes.librivox import read_speaker_genders
 
 SOURCE = "librispeech"
 TEST_PART = "test-clean"

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arnar.data.manifests import CorpusError
-from arnar.data.recipes.corpus import SourceItem
-from arnar.data.recipes.download import Archive
-from arnar.data.recipes.librivox import read_speaker_genders
+from arnar.corpus.manifests import CorpusError
+from arnar.corpus.recipes.corpus import SourceItem
+from arnar.corpus.recipes.download import Archive
+from arnar.corpus.recipes.librivox import read_speaker_genders
 
 SOURCE = "libritts"
 TRAIN_PARTS = ("train-clean-100", "train-clean-360", "train-other-500")

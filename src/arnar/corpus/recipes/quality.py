@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arnar.data.manifests import CorpusError
+from arnar.corpus.manifests import CorpusError
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,6 @@ def make_estimator(kind: str, brouhaha_model: str = DEFAULT_BROUHAHA_MODEL):
         try:
             return BrouhahaEstimator(brouhaha_model)
         except QualityUnavailableError as err:
-            log.warning("%s; falling back to the offline SNR/C50 estimator (arnar.data.recipes.quality)", err)
+            log.warning("%s; falling back to the offline SNR/C50 estimator (arnar.corpus.recipes.quality)", err)
             return OfflineEstimator()
     raise CorpusError(f"corpus.mls.estimator: {kind!r} is none of brouhaha, offline, auto")

@@ -4,7 +4,7 @@ CoD (chain_of_details.txt IV-A) reads the transcript as phonemes ("a pretrained 
 phonetic indices") and the voice as a speaker embedding ("a pretrained speaker encoder"), neither of
 which the shared training data (BPE ids, codec tokens) carries. :func:`build_features` computes both
 for every cut of a lhotse cut manifest and saves the table the training engine loads with
-``data.features=<file>`` (:func:`arnar.data.tts.load_utterances`, ``Utterance.features``)::
+``data.features=<file>`` (:func:`arnar.train.data.load_utterances`, ``Utterance.features``)::
 
     {utt_id: {"phonemes": LongTensor [P], "speaker": FloatTensor [D]}}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arnar.data.manifests import CorpusError
+from arnar.corpus.manifests import CorpusError
 
 
 def read_speaker_genders(table: Path) -> dict[str, str]:

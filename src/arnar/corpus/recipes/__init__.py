@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arnar.data.manifests import CorpusError
-from arnar.data.recipes import librispeech, libritts, mls
-from arnar.data.recipes.corpus import SourceItem, write_corpus
-from arnar.data.recipes.download import Archive, DownloadError, fetch
+from arnar.corpus.manifests import CorpusError
+from arnar.corpus.recipes import librispeech, libritts, mls
+from arnar.corpus.recipes.corpus import SourceItem, write_corpus
+from arnar.corpus.recipes.download import Archive, DownloadError, fetch
 
 __all__ = ["CORPORA", "DEFAULT_MIRRORS", "DownloadError", "archive_for", "download_part", "prepare_corpus",
            "required_archives"]

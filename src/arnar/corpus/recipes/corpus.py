@@ -1,6 +1,6 @@
 """Write a downloaded corpus in the corpus-folder layout ``arnar ingest`` reads.
 
-The layout is the one :mod:`arnar.data.synth` writes (see :mod:`arnar.data.manifests`)::
+The layout is the one :mod:`arnar.corpus.synth` writes (see :mod:`arnar.corpus.manifests`)::
 
     out_dir/speakers.tsv              speaker  gender  source  subset  split
     out_dir/<speaker>/<utt_id>.wav    mono 16-bit PCM at the corpus sample rate

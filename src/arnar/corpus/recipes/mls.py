@@ -30,10 +30,10 @@ from pathlib import Path
 import soundfile as sf
 from tqdm import tqdm
 
-from arnar.data.manifests import CorpusError
-from arnar.data.recipes.corpus import SourceItem, sentence_case
-from arnar.data.recipes.download import Archive
-from arnar.data.recipes.quality import OfflineEstimator, make_estimator
+from arnar.corpus.manifests import CorpusError
+from arnar.corpus.recipes.corpus import SourceItem, sentence_case
+from arnar.corpus.recipes.download import Archive
+from arnar.corpus.recipes.quality import OfflineEstimator, make_estimator
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,59 @@
+"""The training config (Hydra's compose API over ``arnar/conf``), the learning-rate schedule and
+the engine's error."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("arnar.train")  # one logger for the whole engine
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class TrainError(RuntimeError):
+    """A run that cannot start or continue as asked (the message says why and what to do)."""
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The training config: ``arnar/conf/config.yaml`` with Hydra ``overrides`` such as
+    ``["paradigm=nar", "model=small", "train=mini", "train.lr=3e-4"]``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # a previous compose in this process
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="arnar_train"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def learning_rate(step: int, *, lr: float, warmup_steps: int, max_steps: int, min_lr_ratio: float = 0.1) -> float:
+    """Learning rate of update ``step`` (0-based): linear warm-up ``lr * (step + 1) / warmup_steps``
+    over the first ``warmup_steps`` updates (so the first update is not taken at lr 0), then a
+    cosine from ``lr`` down to ``min_lr_ratio * lr`` at ``max_steps``, held there after."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    floor = min_lr_ratio * lr
+    return floor + 0.5 * (lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def _options(cfg: DictConfig) -> dict[str, Any]:
+    options = cfg.paradigm.get("options")
+    return dict(OmegaConf.to_container(options, resolve=True)) if options else {}
+
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision not in ("auto", "bf16", "fp32"):
+        raise TrainError(f"train.precision must be auto, bf16 or fp32, got {precision!r}")
+    if device.type != "cuda":
+        if precision == "bf16":
+            log.warning("train.precision=bf16 asked for on %s: training in float32 (bf16 autocast is for CUDA)", device)
+        return None
+    return None if precision == "fp32" else torch.bfloat16

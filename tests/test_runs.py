@@ -1,0 +1,56 @@
+"""The run registry (arnar.runs) and `arnar runs`, checked by hand on the smoke profile."""
+
+import pytest
+
+from arnar.cli import main
+from arnar.config import REPO_ROOT, load_params
+from arnar.runs import ABLATIONS, COARSE_KINDS, SYSTEMS_OF, RunsError, run_registry
+
+
+def smoke_registry():
+    return run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "smoke"}))
+
+
+def test_smoke_registry_chains_and_systems():
+    registry = smoke_registry()
+    # multi-stage recipes: fine-tuning after pre-training, PALLE stage two after stage one; DELTA reads ar
+    assert registry.runs_needed("syncspeech") == ["syncspeech_pretrain"]
+    assert registry.runs_needed("palle") == ["palle_stage1"]
+    assert registry.runs_needed("delta") == ["ar"]
+    assert registry.delta_source == "ar"  # tiny models: DELTA converts the comparison's ar run
+    # every run appears once, after the run that needs it
+    runs = registry.all_runs()
+    assert runs[:6] == ["ar", "nar", "syncspeech", "syncspeech_pretrain", "palle", "palle_stage1"]
+    assert len(runs) == len(set(runs)) == 18
+    # evaluated systems: the comparison with two synthesis seeds, plus grids and ablations
+    assert registry.paradigm_systems["palle_stage1"] == ("palle", {"refine_steps": 0})
+    assert registry.paradigm_systems["ar_seed2"] == ("ar", {})
+    assert registry.system_seed["ar_seed2"] == 1235
+    # a training-time grid value is one more run of its base run, with the axis' override
+    assert registry.runs["syncspeech_q2"] == {"config": "syncspeech", "init_from": "syncspeech_pretrain",
+                                              "overrides": ["paradigm.options.q=2"]}
+    assert registry.run_base["cod_paper"] == "cod" and registry.run_base["cod_ind"] == "cod"
+    assert set(COARSE_KINDS) <= set(registry.runs) and "cod_table5" in ABLATIONS and "cod" in SYSTEMS_OF
+
+
+def test_a_grid_of_an_unlisted_paradigm_is_refused():
+    params = load_params(REPO_ROOT / "params.yaml", {"profile": "smoke"})
+    params["training"]["paradigms"] = [p for p in params["training"]["paradigms"] if p != "cod"]
+    with pytest.raises(RunsError, match="add it to training.paradigms"):
+        run_registry(params)
+
+
+def test_arnar_runs_lists_runs_chains_and_systems(capsys):
+    assert main(["runs", "--params", str(REPO_ROOT / "params.yaml"), "--profile", "smoke"]) in (0, None)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "profile smoke: 18 runs, 29 evaluated systems"
+    rows = {line.split()[0]: line.split(None, 2)[2] for line in out[2:]}
+    assert rows["ar"].split() == ["-", "ar", "ar_seed2"]
+    assert rows["syncspeech"].startswith("init_from syncspeech_pretrain ")
+    assert rows["syncspeech"].split()[-2:] == ["syncspeech", "syncspeech_seed2"]
+    assert rows["syncspeech_pretrain"].split() == ["-", "-"]
+    assert rows["palle"].split()[2:] == ["palle_stage1", "palle", "palle_stage1_seed2", "palle_seed2",
+                                         "palle_dur0.7", "palle_dur1.0"]
+    assert rows["delta"].startswith("reads ar ")
+    assert rows["cod_paper"].split() == ["base", "cod", "cod_paper", "cod_paper_seed2"]
+    assert rows["syncspeech_q2"].startswith("init_from syncspeech_pretrain, base syncspeech ")
