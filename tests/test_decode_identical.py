@@ -343,3 +343,39 @@ if __name__ == "__main__":  # print EXPECTED from the current code
         print(f"    {case[0]!r}:\n        {body},")
     print("}")
     sys.exit(0)
+
+
+# ----------------------------------------------------------------------------- batched decoding
+
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0}, {"top_k": 0, "top_p": 1.0, "ras_window": 0}],
+                         ids=["default", "greedy", "no_filter"])
+def test_ar_generate_batch_gives_each_item_its_batch_one_codes(decoding):
+    """B items of different prompt, text and output lengths (left padding, items finishing at
+    different steps, fixed and sampled lengths) decoded together give each item the codes, the
+    <eos> decision and the generator state that decoding it alone gives."""
+    model = build("ar")
+    requests = [request(0, None, text_len=5, prompt_frames=9), request(1, 14, text_len=3, prompt_frames=4),
+                request(2, None, text_len=7, prompt_frames=12), request(3, 6, text_len=4, prompt_frames=7)]
+    alone, gens_alone = [], []
+    for i, req in enumerate(requests):
+        g = torch.Generator().manual_seed(50 + i)
+        alone.append(model.generate(req, g, **decoding))
+        gens_alone.append(torch.rand(1, generator=g))
+    gens = [torch.Generator().manual_seed(50 + i) for i in range(len(requests))]
+    batched = model.generate_batch(requests, gens, **decoding)
+    lengths = [len(out.speech) for out in alone]
+    assert len(set(lengths)) > 1  # the items stop at different steps
+    for one, many, g, after in zip(alone, batched, gens, gens_alone):
+        assert many.speech.tolist() == one.speech.tolist()
+        assert many.info["stopped_by_eos"] == one.info["stopped_by_eos"]
+        assert torch.equal(torch.rand(1, generator=g), after)  # the same random numbers consumed
+    assert batched[0].forward_passes == max(out.forward_passes for out in alone)  # one pass per step for all
+
+
+def test_delta_has_batched_decoding_only_as_the_causal_baseline():
+    assert build("delta").generate_batch is None
+    causal = build("delta", causal=True, conv=False)
+    req = request(0, 8)
+    one = causal.generate(req, torch.Generator().manual_seed(3))
+    many = causal.generate_batch([req], [torch.Generator().manual_seed(3)])
+    assert many[0].speech.tolist() == one.speech.tolist()

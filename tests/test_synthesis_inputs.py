@@ -403,6 +403,38 @@ def test_testlist_synthesis_checks_each_item_as_arnar_synthesize_does(synth, bui
         assert_one_line(str(err.value), f"{testlist}: {words}")
 
 
+def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp_path):
+    """--batch-size 3 over 4 items (a full batch and a remainder, both tasks): the same audio as
+    one item at a time, each record marked with its batch; a paradigm with no batched decoding
+    is refused in one line."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    items = []
+    for i, sentence in enumerate(SENTENCES):
+        task = "continuation" if i == 3 else "cross_sentence"
+        item_id = f"{task[:5]}_rms_{i}"
+        items.append(TestItem(item_id=item_id, task=task, speaker="rms", target_id=f"rms_{i}",
+                              target_text=sentence if task == "cross_sentence" else "Please call the doctor now.",
+                              target_duration=3.0, prompt_id="rms_0", prompt_start=0.0, prompt_end=2.0,
+                              prompt_text=built["prompt_text"]))
+        sf.write(str(prompts / f"{item_id}.wav"), built["prompt"], built["rate"], subtype="FLOAT")
+    testlist = tmp_path / "list.tsv"
+    testlist.write_text(to_tsv(items))
+    synthesize_testlist(synth, testlist, prompts, tmp_path / "one", seed=5, progress=False)
+    synthesize_testlist(synth, testlist, prompts, tmp_path / "three", seed=5, progress=False, batch_size=3)
+    for item in items:
+        one, _ = sf.read(str(tmp_path / "one" / f"{item.item_id}.wav"))
+        three, _ = sf.read(str(tmp_path / "three" / f"{item.item_id}.wav"))
+        assert np.array_equal(one, three), item.item_id
+    records = [json.loads(line) for line in (tmp_path / "three" / "timing.jsonl").read_text().splitlines()]
+    assert [r["batch_size"] for r in records] == [3, 3, 3, 1]
+    assert "batch_size" not in (tmp_path / "one" / "timing.jsonl").read_text()
+    sync = Synthesizer(built["syncspeech"], codec="offline", codec_model=str(built["codec"]), bpe_model=built["bpe"])
+    with pytest.raises(SynthesisInputError) as err:
+        synthesize_testlist(sync, testlist, prompts, tmp_path / "sync", seed=5, progress=False, batch_size=2)
+    assert_one_line(str(err.value), "--batch-size 2", "generate_batch")
+
+
 def test_a_transcript_far_shorter_than_its_prompt_is_refused(synth, built):
     """Eq. 11 at a 29 s prompt read as one word, for ~300 text tokens: over an hour of speech."""
     long_prompt = np.resize(built["prompt"], 29 * built["rate"])

@@ -387,7 +387,8 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
                         silence_dbfs=SILENCE_DBFS if args.silence_dbfs is None else args.silence_dbfs)
     if args.testlist:
         synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed,
-                            ground_truth_duration=bool(target_duration), prompt_alignments=args.prompt_alignments)
+                            ground_truth_duration=bool(target_duration), prompt_alignments=args.prompt_alignments,
+                            batch_size=args.batch_size)
         return
     synth.text_ids(args.text, "--text")  # the text's errors before the prompt is read
     synth.text_ids(args.prompt_text, "--prompt-text")
@@ -568,6 +569,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", help="folder of <item_id>.wav prompts")
     p.add_argument("--prompt-alignments", help="with --testlist: the aligner's JSONL of the prompts' split "
                    "(data/<profile>/align/<aligner>/test.jsonl); SyncSpeech's prompt a_n come from it, else uniform")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="with --testlist: decode this many items per forward pass (paradigms with generate_batch: "
+                   "AR, DELTA's causal baseline); the same codes, but each record times the batch, so keep 1 for "
+                   "RTF and FPL (default 1)")
     p.add_argument("--text", help="one sentence to speak (instead of --testlist)")
     p.add_argument("--prompt-wav", help="prompt recording for --text")
     p.add_argument("--prompt-text", help="transcript of --prompt-wav")

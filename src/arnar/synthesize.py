@@ -70,6 +70,7 @@ import numbers
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,16 @@ def continuation_text(target_text: str, prompt_text: str) -> str:
     n_prompt = len(prompt_text.split())
     words = target_text.split()
     return " ".join(words[n_prompt:])
+
+
+@dataclass
+class SynthesisJob:
+    """One synthesis between :meth:`Synthesizer.prepare` and :meth:`Synthesizer.finish`."""
+
+    request: SynthesisRequest
+    prompt: np.ndarray  # the prompt audio at the codec's rate
+    prompt_codes: torch.Tensor
+    start: float  # perf_counter() when preparation began (the record's total_seconds)
 
 
 class Synthesizer:
@@ -310,6 +321,34 @@ class Synthesizer:
         prompt's a_n are computed (module docstring, "Prompt alignment"); unusable ones fall back
         to uniform a_n with a warning. Inputs out of the limits of the module docstring raise
         :class:`SynthesisInputError`."""
+        job = self.prepare(text, prompt_audio, prompt_text, sample_rate, target_frames=target_frames,
+                           prompt_words=prompt_words)
+        generator = torch.Generator().manual_seed(seed)
+        token_start = time.perf_counter()
+        generation = self.model.generate(job.request, generator, **self.decoding)
+        return self.finish(job, generation, time.perf_counter() - token_start)
+
+    def synthesize_batch(self, jobs: list["SynthesisJob"], seeds: list[int]) -> list[tuple[np.ndarray, dict[str, Any]]]:
+        """:meth:`synthesize` of prepared jobs (:meth:`prepare`) through the paradigm's
+        ``generate_batch`` (one forward pass per step for all of them), each from its own seed.
+        The codes are batch-1's (tests/test_decode_identical.py); the token-stage time of each
+        record is the whole batch's, marked ``batch_size``: RTF and FPL are batch-1 figures."""
+        generate_batch = getattr(self.model, "generate_batch", None)
+        if generate_batch is None:
+            raise SynthesisInputError(f"{self.run_dir}: this paradigm has no batched decoding (generate_batch)")
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        token_start = time.perf_counter()
+        generations = generate_batch([job.request for job in jobs], generators, **self.decoding)
+        token_seconds = time.perf_counter() - token_start
+        results = []
+        for job, generation in zip(jobs, generations):
+            audio, record = self.finish(job, generation, token_seconds)
+            results.append((audio, {**record, "batch_size": len(jobs)}))
+        return results
+
+    def prepare(self, text: str, prompt_audio: np.ndarray, prompt_text: str, sample_rate: int, *,
+                target_frames: int | None = None, prompt_words: Any = None) -> "SynthesisJob":
+        """Everything before decoding: the checked inputs as the paradigm's request."""
         start = time.perf_counter()
         text_ids, prompt_ids = self.text_ids(text, "text"), self.text_ids(prompt_text, "prompt text")
         prompt = self.prompt_clip(prompt_audio, sample_rate)
@@ -339,10 +378,11 @@ class Synthesizer:
                 raise
             except ValueError as err:  # their inputs' own refusals (CoD: a text with no phonemes)
                 raise SynthesisInputError(str(err)) from None
-        generator = torch.Generator().manual_seed(seed)
-        token_start = time.perf_counter()
-        generation = self.model.generate(request, generator, **self.decoding)
-        token_seconds = time.perf_counter() - token_start
+        return SynthesisJob(request, prompt, prompt_codes, start)
+
+    def finish(self, job: "SynthesisJob", generation: Any, token_seconds: float) -> tuple[np.ndarray, dict[str, Any]]:
+        """Everything after decoding: the codec's audio and the timing record."""
+        request, prompt, prompt_codes, start = job.request, job.prompt, job.prompt_codes, job.start
         codes = generation.speech.cpu().numpy()[None].astype(np.int64)
         # first-packet latency (FPL-A): the token stage until the first chunk of tokens exists
         # (streaming paradigms say when; a non-streaming one after its last pass); the codec's
@@ -422,8 +462,12 @@ def prompt_clip_words(words: list, prompt_text: str, start: float, end: float) -
 def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
                         out_dir: str | os.PathLike, *, seed: int, progress: bool = True,
                         ground_truth_duration: bool = False,
-                        prompt_alignments: str | os.PathLike | None = None) -> dict[str, Any]:
+                        prompt_alignments: str | os.PathLike | None = None, batch_size: int = 1) -> dict[str, Any]:
     """Every item of a frozen test list -> ``out_dir/<item_id>.wav`` + ``out_dir/timing.jsonl``.
+
+    ``batch_size`` > 1: items are decoded that many at a time through the paradigm's
+    ``generate_batch`` (:meth:`Synthesizer.synthesize_batch`: the same codes, the batch's time in
+    each record); 1, the default, times every item alone, as the papers' RTF and FPL are.
 
     ``ground_truth_duration``: generate as many frames as the recording lasts (for continuation,
     the part after the prompt), the "GT duration" setting of palle.txt Table 1 and the base of its
@@ -441,7 +485,29 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rate = synth.codec.sample_rate
+    if batch_size < 1:
+        raise SynthesisInputError(f"--batch-size must be >= 1, got {batch_size}")
+    if batch_size > 1 and getattr(synth.model, "generate_batch", None) is None:
+        raise SynthesisInputError(f"--batch-size {batch_size}: {synth.run_dir} has no batched decoding "
+                                  f"(generate_batch); use --batch-size 1")
     records = []
+    pending: list[tuple[Any, np.ndarray, SynthesisJob]] = []
+
+    def write(item, prompt: np.ndarray, audio: np.ndarray, record: dict[str, Any]) -> None:
+        if item.task == "continuation":  # the evaluated utterance is the prompt followed by its continuation
+            audio = np.concatenate([prompt.astype(np.float32), audio])
+        tmp = out / f".tmp.{item.item_id}.wav"
+        sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
+        os.replace(tmp, out / f"{item.item_id}.wav")
+        records.append({"item_id": item.item_id, **record})
+
+    def flush() -> None:
+        results = synth.synthesize_batch([job for _, _, job in pending],
+                                         [item_seed(seed, item.item_id) for item, _, _ in pending])
+        for (item, prompt, _), (audio, record) in zip(pending, results):
+            write(item, prompt, audio, record)
+        pending.clear()
+
     for item in tqdm(items, desc=f"synthesize {out.parent.name}/{out.name}", disable=not progress, unit="item"):
         continuing = item.task == "continuation"
         text = continuation_text(item.target_text, item.prompt_text) if continuing else item.target_text
@@ -462,16 +528,21 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
             elif prompt_alignments is not None:
                 log.warning("item %s: prompt %s is not in %s; uniform prompt ends", item.item_id, item.prompt_id,
                             prompt_alignments)
-            audio, record = synth.synthesize(text, prompt, item.prompt_text, rate, seed=item_seed(seed, item.item_id),
-                                             target_frames=target_frames, prompt_words=words)
+            if batch_size == 1:
+                audio, record = synth.synthesize(text, prompt, item.prompt_text, rate,
+                                                 seed=item_seed(seed, item.item_id), target_frames=target_frames,
+                                                 prompt_words=words)
+            else:
+                pending.append((item, prompt, synth.prepare(text, prompt, item.prompt_text, rate,
+                                                            target_frames=target_frames, prompt_words=words)))
         except SynthesisInputError as err:
             raise SynthesisInputError(f"{testlist}: item {item.item_id}: {err}") from None
-        if continuing:  # the evaluated utterance is the prompt followed by its continuation
-            audio = np.concatenate([prompt.astype(np.float32), audio])
-        tmp = out / f".tmp.{item.item_id}.wav"
-        sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
-        os.replace(tmp, out / f"{item.item_id}.wav")
-        records.append({"item_id": item.item_id, **record})
+        if batch_size == 1:
+            write(item, prompt, audio, record)
+        elif len(pending) == batch_size:
+            flush()
+    if pending:
+        flush()
     tmp = out / ".tmp.timing.jsonl"
     tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records), encoding="utf-8")
     os.replace(tmp, out / "timing.jsonl")

@@ -400,6 +400,11 @@ class DeltaTTS(AR):
         frames = rule_based_frames(len(request.prompt_speech), w_prompt, w_target)
         return frames, "rule_characters" if self.text_pieces is not None else "rule_bpe_count"
 
+    @property
+    def generate_batch(self):
+        """AR's batched decoding for the causal-LoRA baseline; the converted (masked) model has none."""
+        return super().generate_batch if self.causal else None
+
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
         if self.causal:  # AR decoding with AR's options (top-k/top-p, RAS, length bounds)
