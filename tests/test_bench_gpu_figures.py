@@ -142,22 +142,23 @@ def test_merge_copies_a_device_runs_sections(run, tmp_path):
 
 
 def test_batched_synthesis_measures_a_batched_path_where_one_exists():
-    setups = ds.build_setups(["ar", "nar"], "tiny", torch.device("cpu"), {"nar": {"steps": 4}}, "bf16")
+    setups = ds.build_setups(["ar", "syncspeech"], "tiny", torch.device("cpu"), {}, "bf16")
     calls = []
+    real = setups["ar"].model.generate_batch
 
-    def generate_batch(requests, generators, **decoding):  # a stand-in: item by item
+    def generate_batch(requests, generators, **decoding):  # AR's own batched path, its calls counted
         calls.append(len(requests))
         assert len(generators) == len(requests) and len({g.initial_seed() for g in generators}) == len(requests)
-        return [setups["ar"].model.generate(r, g, **decoding) for r, g in zip(requests, generators)]
+        return real(requests, generators, **decoding)
 
     setups["ar"].model.generate_batch = generate_batch
     result = gf.batched_synthesis(setups, 1.0, [1, 2], seed=0, sync=lambda: None, batch1={"ar": 0.5},
                                   log=lambda line: None)
     assert calls == [2, 1, 2]  # a warm-up at the largest batch, then each size once
-    ar, nar = result["rows"]["ar"], result["rows"]["nar"]
+    ar, sync = result["rows"]["ar"], result["rows"]["syncspeech"]
     assert result["any_batched"] and ar["batched_path"] and set(ar["items_per_s"]) == {1, 2}
     assert all(v > 0 for v in ar["items_per_s"].values()) and ar["batch1_items_per_s"] == 2.0
-    assert not nar["batched_path"] and nar["items_per_s"] == {} and nar["batch1_items_per_s"] is None
+    assert not sync["batched_path"] and sync["items_per_s"] == {} and sync["batch1_items_per_s"] is None
     lines = gf.batched_lines(result)
     assert "items/s, B = 2" in lines[0] and lines[2].startswith("| ar | generate_batch |")
 

@@ -379,3 +379,22 @@ def test_delta_has_batched_decoding_only_as_the_causal_baseline():
     one = causal.generate(req, torch.Generator().manual_seed(3))
     many = causal.generate_batch([req], [torch.Generator().manual_seed(3)])
     assert many[0].speech.tolist() == one.speech.tolist()
+
+
+@pytest.mark.parametrize("decoding", [{}, {"steps": 5, "top_k": 6}], ids=["default", "few_steps"])
+def test_nar_generate_batch_gives_each_item_its_batch_one_codes(decoding):
+    """Right-padded sequences of different prompt, text and target lengths (given and Eq. 11),
+    each on its own schedule: each item gets its batch-1 codes and consumes the same draws."""
+    model = build("nar")
+    requests = [request(0, 17), request(1, None, text_len=3, prompt_frames=4), request(2, 6, text_len=7)]
+    alone, after = [], []
+    for i, req in enumerate(requests):
+        g = torch.Generator().manual_seed(70 + i)
+        alone.append(model.generate(req, g, **decoding))
+        after.append(torch.rand(1, generator=g))
+    gens = [torch.Generator().manual_seed(70 + i) for i in range(len(requests))]
+    batched = model.generate_batch(requests, gens, **decoding)
+    assert len({len(out.speech) for out in alone}) == 3
+    for one, many, g, next_draw in zip(alone, batched, gens, after):
+        assert many.speech.tolist() == one.speech.tolist() and many.info == one.info
+        assert torch.equal(torch.rand(1, generator=g), next_draw)

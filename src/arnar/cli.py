@@ -571,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(data/<profile>/align/<aligner>/test.jsonl); SyncSpeech's prompt a_n come from it, else uniform")
     p.add_argument("--batch-size", type=int, default=1,
                    help="with --testlist: decode this many items per forward pass (paradigms with generate_batch: "
-                   "AR, DELTA's causal baseline); the same codes, but each record times the batch, so keep 1 for "
+                   "AR, NAR, DELTA's causal baseline); the same codes, but each record times the batch, so keep 1 for "
                    "RTF and FPL (default 1)")
     p.add_argument("--text", help="one sentence to speak (instead of --testlist)")
     p.add_argument("--prompt-wav", help="prompt recording for --text")

@@ -30,6 +30,7 @@ from arnar.paradigms.base import (
     decoding_options,
     IGNORE,
     MASK,
+    PAD,
     SOS,
     TURN,
     Example,
@@ -78,43 +79,68 @@ class NAR(Paradigm):
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        return self.generate_batch([request], [generator], **decoding)[0]
+
+    @torch.no_grad()
+    def generate_batch(self, requests: list[SynthesisRequest], generators: list[torch.Generator],
+                       **decoding: Any) -> list[Generation]:
+        """MaskGIT decoding of B requests, one backbone pass per step for all of them: sequences
+        right-padded (padding keys masked), every item on its own schedule over the same number of
+        steps, sampled and re-masked from its own generator exactly as alone (B = 1 is
+        :meth:`generate`)."""
+        if len(requests) != len(generators):
+            raise ValueError(f"{len(requests)} requests but {len(generators)} generators")
         opts = decoding_options("NAR", DECODING, decoding)
         device = self.embed.weight.device
-        n_target = request.target_frames or total_frames_estimate(
-            len(request.prompt_speech), len(request.prompt_text), len(request.text))
-        text = torch.cat([request.prompt_text, request.text])
-        target = torch.zeros(n_target, dtype=torch.long)
-        masked = torch.ones(n_target, dtype=torch.bool)
-        sequence = nar_sequence(self.vocab, text, request.prompt_speech, target, masked).to(device)
-        start = len(sequence) - n_target
-        positions = torch.arange(len(sequence), device=device)[None]
-        bidirectional = torch.ones(1, len(sequence), len(sequence), dtype=torch.bool, device=device)
         steps = int(opts["steps"])
-        target = sequence[start:]  # a view: writing it updates the sequence
         sampling = {"temperature": opts["temperature"], "top_k": opts["top_k"], "top_p": opts["top_p"]}
-        # the masked target positions, ascending (the order the sampler's draws follow), kept as
-        # indices from step to step instead of a mask searched again every step
-        rows = torch.arange(n_target, device=device)
+        sequences, starts, lengths, schedules = [], [], [], []
+        for request in requests:
+            n_target = request.target_frames or total_frames_estimate(
+                len(request.prompt_speech), len(request.prompt_text), len(request.text))
+            text = torch.cat([request.prompt_text, request.text])
+            sequence = nar_sequence(self.vocab, text, request.prompt_speech, torch.zeros(n_target, dtype=torch.long),
+                                    torch.ones(n_target, dtype=torch.bool))
+            sequences.append(sequence)
+            starts.append(len(sequence) - n_target)
+            lengths.append(n_target)
+            schedules.append(masks_per_step(n_target, steps))
+        width = max(len(seq) for seq in sequences)
+        batch = torch.full((len(requests), width), PAD, dtype=torch.long)
+        keys = torch.zeros(len(requests), width, dtype=torch.bool)
+        for b, seq in enumerate(sequences):
+            batch[b, :len(seq)], keys[b, :len(seq)] = seq, True
+        batch, keys = batch.to(device), keys.to(device)
+        positions = torch.arange(width, device=device)[None].expand(len(requests), -1)
+        # bidirectional over each item's real positions; a padding query attends itself only
+        attention = keys[:, None, :] | torch.eye(width, dtype=torch.bool, device=device)[None]
+        # each item's masked target positions, ascending (the order its sampler's draws follow),
+        # kept as indices from step to step instead of a mask searched again every step
+        rows = [torch.arange(n, device=device) for n in lengths]
         passes = 0
-        for step, keep_masked in enumerate(masks_per_step(n_target, steps), start=1):
-            hidden = self.backbone(self.embed(sequence[None]), positions, bidirectional)[0, start:]
+        for step in range(1, steps + 1):
+            hidden = self.backbone(self.embed(batch), positions, attention)
             passes += 1
-            # predict the masked positions only
-            codes, probs = sample_tokens(self.speech_logits(hidden[rows]), generator, **sampling)
-            target[rows] = codes + self.vocab.speech_offset
-            # re-mask the least confident fresh predictions; committed tokens are never re-masked.
-            # Confidence: log-probability plus Gumbel noise annealed to zero over the steps.
-            annealing = opts["noise"] * (1.0 - step / steps)
-            gumbel = -torch.log(-torch.log(torch.rand(len(rows), generator=generator).clamp_min(1e-20)))
-            if keep_masked > 0:
-                confidence = torch.log(probs.clamp_min(1e-20)) + annealing * gumbel.to(device)
-                rows = rows[torch.topk(confidence, keep_masked, largest=False).indices].sort().values
-                target[rows] = MASK
-            else:
-                rows = rows[:0]
-        speech = self.vocab.speech_codes(sequence[start:].cpu())
-        return Generation(speech, forward_passes=passes, info={"target_frames": n_target,
-                                                             "length_from": "given" if request.target_frames else "eq11"})
+            for b, generator in enumerate(generators):
+                target = batch[b, starts[b]:starts[b] + lengths[b]]  # a view: writing it updates the batch
+                keep_masked = schedules[b][step - 1]
+                # predict the masked positions only
+                codes, probs = sample_tokens(self.speech_logits(hidden[b, starts[b] + rows[b]]), generator, **sampling)
+                target[rows[b]] = codes + self.vocab.speech_offset
+                # re-mask the least confident fresh predictions; committed tokens are never re-masked.
+                # Confidence: log-probability plus Gumbel noise annealed to zero over the steps.
+                annealing = opts["noise"] * (1.0 - step / steps)
+                gumbel = -torch.log(-torch.log(torch.rand(len(rows[b]), generator=generator).clamp_min(1e-20)))
+                if keep_masked > 0:
+                    confidence = torch.log(probs.clamp_min(1e-20)) + annealing * gumbel.to(device)
+                    rows[b] = rows[b][torch.topk(confidence, keep_masked, largest=False).indices].sort().values
+                    target[rows[b]] = MASK
+                else:
+                    rows[b] = rows[b][:0]
+        return [Generation(self.vocab.speech_codes(batch[b, starts[b]:starts[b] + lengths[b]].cpu()),
+                           forward_passes=passes,
+                           info={"target_frames": lengths[b], "length_from": "given" if r.target_frames else "eq11"})
+                for b, r in enumerate(requests)]
 
     def speech_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., dim]`` -> ``[..., speech_size]``: the head's speech rows only (only speech codes
