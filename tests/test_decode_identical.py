@@ -372,8 +372,27 @@ def test_ar_generate_batch_gives_each_item_its_batch_one_codes(decoding):
     assert batched[0].forward_passes == max(out.forward_passes for out in alone)  # one pass per step for all
 
 
-def test_delta_has_batched_decoding_only_as_the_causal_baseline():
-    assert build("delta").generate_batch is None
+@pytest.mark.parametrize("decoding", [{}, {"steps": 4, "schedule": "uniform", "top_k": 5}, {"steps": 8}],
+                         ids=["default", "uniform", "eight_steps"])
+def test_delta_generate_batch_gives_each_item_its_batch_one_codes(decoding):
+    """The converted model's batch (right padding next to the conv modules, per-item Eq. 3
+    schedules, lengths given and from the rule): each item's batch-1 codes and draws."""
+    model = build("delta")
+    requests = [request(0, 18), request(1, None, text_len=3, prompt_frames=4), request(2, 5, text_len=7)]
+    alone, after = [], []
+    for i, req in enumerate(requests):
+        g = torch.Generator().manual_seed(90 + i)
+        alone.append(model.generate(req, g, **decoding))
+        after.append(torch.rand(1, generator=g))
+    gens = [torch.Generator().manual_seed(90 + i) for i in range(len(requests))]
+    batched = model.generate_batch(requests, gens, **decoding)
+    assert len({len(out.speech) for out in alone}) == 3
+    for one, many, g, next_draw in zip(alone, batched, gens, after):
+        assert many.speech.tolist() == one.speech.tolist() and many.info == one.info
+        assert torch.equal(torch.rand(1, generator=g), next_draw)
+
+
+def test_delta_causal_baseline_batches_as_ar():
     causal = build("delta", causal=True, conv=False)
     req = request(0, 8)
     one = causal.generate(req, torch.Generator().manual_seed(3))

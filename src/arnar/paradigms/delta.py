@@ -402,51 +402,80 @@ class DeltaTTS(AR):
 
     @property
     def generate_batch(self):
-        """AR's batched decoding for the causal-LoRA baseline; the converted (masked) model has none."""
-        return super().generate_batch if self.causal else None
+        """Batched decoding: AR's for the causal-LoRA baseline, else the masked model's own."""
+        return super().generate_batch if self.causal else self.generate_masked_batch
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
         if self.causal:  # AR decoding with AR's options (top-k/top-p, RAS, length bounds)
             return super().generate(request, generator, **decoding)
+        return self.generate_masked_batch([request], [generator], **decoding)[0]
+
+    @torch.no_grad()
+    def generate_masked_batch(self, requests: list[SynthesisRequest], generators: list[torch.Generator],
+                              **decoding: Any) -> list[Generation]:
+        """Masked-diffusion decoding (Eq. 3 schedule, confidence commits) of B requests, one pass
+        per step for all: sequences right-padded (padding keys masked, the conv modules see
+        ``<pad>`` as padding), each item committing its own schedule's count from its own
+        generator exactly as alone; B = 1 is :meth:`generate`. A step where no item commits is
+        skipped, as alone."""
+        if len(requests) != len(generators):
+            raise ValueError(f"{len(requests)} requests but {len(generators)} generators")
         opts = decoding_options("delta", DECODING, decoding)
         if opts["schedule"] not in ("shifted", "uniform"):
             raise ValueError(f"delta: schedule must be shifted or uniform, got {opts['schedule']!r}")
         mu = opts["mu"] if opts["schedule"] == "shifted" else 1.0  # mu = 1 in Eq. 3 is uniform
         steps = int(opts["steps"])
-        n_target, length_from = self.target_length(request, opts)
-        commits = unmask_counts(n_target, steps, mu)
-
         device = self.embed.weight.device
-        text = torch.cat([request.prompt_text, request.text])
-        masked = torch.ones(n_target, dtype=torch.bool)
-        sequence = delta_sequence(self.vocab, text, request.prompt_speech, torch.zeros(n_target, dtype=torch.long),
-                                  masked).to(device)
-        start = len(sequence) - 1 - n_target
-        positions = torch.arange(len(sequence), device=device)
-        bidirectional = torch.ones(len(sequence), len(sequence), dtype=torch.bool, device=device)  # made once
         sampling = {"temperature": opts["temperature"], "top_k": opts["top_k"], "top_p": opts["top_p"]}
-        still = torch.arange(n_target)  # the masked target positions, ascending (the draws' order)
+        items = []
+        for request in requests:
+            n_target, length_from = self.target_length(request, opts)
+            text = torch.cat([request.prompt_text, request.text])
+            sequence = delta_sequence(self.vocab, text, request.prompt_speech, torch.zeros(n_target, dtype=torch.long),
+                                      torch.ones(n_target, dtype=torch.bool))
+            items.append({"sequence": sequence, "start": len(sequence) - 1 - n_target, "n_target": n_target,
+                          "length_from": length_from, "commits": unmask_counts(n_target, steps, mu),
+                          "masked": torch.ones(n_target, dtype=torch.bool),
+                          # the masked target positions, ascending (the draws' order)
+                          "still": torch.arange(n_target)})
+        width = max(len(item["sequence"]) for item in items)
+        batch = torch.full((len(items), width), PAD, dtype=torch.long)
+        for b, item in enumerate(items):
+            batch[b, :len(item["sequence"])] = item["sequence"]
+        batch = batch.to(device)
+        keys = batch != PAD
+        positions = torch.arange(width, device=device)
+        # bidirectional over each item's real positions; a padding query attends itself only
+        attention = keys[:, None, :] | torch.eye(width, dtype=torch.bool, device=device)[None]
         calls_before = self.backbone_calls
-        for k in commits:
-            if k == 0:
+        for step in range(len(items[0]["commits"])):
+            if all(item["commits"][step] == 0 for item in items):
                 continue  # nothing to commit at this step: a pass would change nothing
-            hidden = self.hidden_states(sequence[None], positions, bidirectional)
-            hidden = hidden[0, start - 1:start - 1 + n_target]  # shift: the output at j - 1 predicts token j
-            # sampled on the CPU: the caller's generator is a CPU generator
-            logits = self.speech_logits(hidden[still.to(device)]).float().cpu()
-            codes, confidence = sample_tokens(logits, generator, **sampling)
-            chosen = torch.topk(confidence, k).indices
-            commit = still[chosen]
-            sequence[start + commit.to(device)] = self.vocab.speech(codes[chosen]).to(device)
-            masked[commit] = False
-            still = masked.nonzero(as_tuple=True)[0]
+            hidden_all = self.hidden_states(batch, positions, attention)
+            for b, (item, generator) in enumerate(zip(items, generators)):
+                k, start, n_target, still = item["commits"][step], item["start"], item["n_target"], item["still"]
+                if k == 0:
+                    continue
+                hidden = hidden_all[b, start - 1:start - 1 + n_target]  # shift: the output at j - 1 predicts token j
+                # sampled on the CPU: the caller's generator is a CPU generator
+                logits = self.speech_logits(hidden[still.to(device)]).float().cpu()
+                codes, confidence = sample_tokens(logits, generator, **sampling)
+                chosen = torch.topk(confidence, k).indices
+                commit = still[chosen]
+                batch[b, start + commit.to(device)] = self.vocab.speech(codes[chosen]).to(device)
+                item["masked"][commit] = False
+                item["still"] = item["masked"].nonzero(as_tuple=True)[0]
         passes = self.backbone_calls - calls_before
-        assert not masked.any(), "the schedule must commit every target token"
-        speech = self.vocab.speech_codes(sequence[start:start + n_target].cpu())
-        return Generation(speech, forward_passes=passes, first_packet_passes=passes,
-                          info={"target_frames": n_target, "length_from": length_from, "steps": steps,
-                                "mu": float(mu), "schedule": opts["schedule"]})
+        out = []
+        for b, item in enumerate(items):
+            assert not item["masked"].any(), "the schedule must commit every target token"
+            start, n_target = item["start"], item["n_target"]
+            out.append(Generation(self.vocab.speech_codes(batch[b, start:start + n_target].cpu()), forward_passes=passes,
+                                  first_packet_passes=passes,
+                                  info={"target_frames": n_target, "length_from": item["length_from"], "steps": steps,
+                                        "mu": float(mu), "schedule": opts["schedule"]}))
+        return out
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
