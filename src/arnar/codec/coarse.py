@@ -203,8 +203,8 @@ def build_coarse_tokens(kind: str, n_levels: int, codec_model: str | Path, split
     ones with ``coarse`` added to each utterance (a list of LongTensors, coarse to fine); a cut
     the input table does not have (no phonemes) is left out, as training leaves it out. Each
     utterance's latents are computed once, for fitting and encoding. k-means:
-    :func:`arnar.codec.offline._kmeans` (k-means++ seeded, then Lloyd), one per coarse level, with
-    the RVQ codebook's size; ``shared`` fits nothing (its codebook is the codec's first)."""
+    :func:`arnar.codec.offline.kmeans._kmeans` (k-means++ seeded, then Lloyd), one per coarse
+    level, with the RVQ codebook's size; ``shared`` fits nothing (its codebook is the codec's first)."""
     import torch
 
     from arnar.codec.offline import OfflineCodec, _assign, _deterministic, _kmeans
