@@ -347,73 +347,58 @@ if __name__ == "__main__":  # print EXPECTED from the current code
 
 # ----------------------------------------------------------------------------- batched decoding
 
+def decode_alone_and_batched(model, requests, first_seed: int, decoding: dict):
+    """Each request decoded alone and all of them in one ``generate_batch``, from the same seeds:
+    (alone, batched, generators of the batch, each alone generator's next draw)."""
+    alone, next_draws = [], []
+    for i, req in enumerate(requests):
+        g = torch.Generator().manual_seed(first_seed + i)
+        alone.append(model.generate(req, g, **decoding))
+        next_draws.append(torch.rand(1, generator=g))
+    generators = [torch.Generator().manual_seed(first_seed + i) for i in range(len(requests))]
+    return alone, model.generate_batch(requests, generators, **decoding), generators, next_draws
+
+
+def assert_same_items(alone, batched, generators, next_draws):
+    """Every item: its batch-1 codes and info, and the same random numbers consumed."""
+    assert len({len(out.speech) for out in alone}) > 1  # items of different lengths
+    for one, many, g, next_draw in zip(alone, batched, generators, next_draws):
+        assert many.speech.tolist() == one.speech.tolist() and many.info.keys() == one.info.keys()
+        assert {k: v for k, v in many.info.items() if "seconds" not in k} == \
+            {k: v for k, v in one.info.items() if "seconds" not in k}
+        assert torch.equal(torch.rand(1, generator=g), next_draw)
+
+
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0}, {"top_k": 0, "top_p": 1.0, "ras_window": 0}],
                          ids=["default", "greedy", "no_filter"])
 def test_ar_generate_batch_gives_each_item_its_batch_one_codes(decoding):
     """B items of different prompt, text and output lengths (left padding, items finishing at
-    different steps, fixed and sampled lengths) decoded together give each item the codes, the
-    <eos> decision and the generator state that decoding it alone gives."""
-    model = build("ar")
+    different steps, fixed and sampled lengths) decoded together: each item's batch-1 codes, <eos>
+    decision and draws."""
     requests = [request(0, None, text_len=5, prompt_frames=9), request(1, 14, text_len=3, prompt_frames=4),
                 request(2, None, text_len=7, prompt_frames=12), request(3, 6, text_len=4, prompt_frames=7)]
-    alone, gens_alone = [], []
-    for i, req in enumerate(requests):
-        g = torch.Generator().manual_seed(50 + i)
-        alone.append(model.generate(req, g, **decoding))
-        gens_alone.append(torch.rand(1, generator=g))
-    gens = [torch.Generator().manual_seed(50 + i) for i in range(len(requests))]
-    batched = model.generate_batch(requests, gens, **decoding)
-    lengths = [len(out.speech) for out in alone]
-    assert len(set(lengths)) > 1  # the items stop at different steps
-    for one, many, g, after in zip(alone, batched, gens, gens_alone):
-        assert many.speech.tolist() == one.speech.tolist()
-        assert many.info["stopped_by_eos"] == one.info["stopped_by_eos"]
-        assert torch.equal(torch.rand(1, generator=g), after)  # the same random numbers consumed
+    alone, batched, generators, next_draws = decode_alone_and_batched(build("ar"), requests, 50, decoding)
+    assert_same_items(alone, batched, generators, next_draws)
     assert batched[0].forward_passes == max(out.forward_passes for out in alone)  # one pass per step for all
+
+
+@pytest.mark.parametrize("decoding", [{}, {"steps": 5, "top_k": 6}], ids=["default", "few_steps"])
+def test_nar_generate_batch_gives_each_item_its_batch_one_codes(decoding):
+    """Right-padded sequences of different prompt, text and target lengths (given and Eq. 11),
+    each on its own schedule."""
+    requests = [request(0, 17), request(1, None, text_len=3, prompt_frames=4), request(2, 6, text_len=7)]
+    assert_same_items(*decode_alone_and_batched(build("nar"), requests, 70, decoding))
 
 
 @pytest.mark.parametrize("decoding", [{}, {"steps": 4, "schedule": "uniform", "top_k": 5}, {"steps": 8}],
                          ids=["default", "uniform", "eight_steps"])
 def test_delta_generate_batch_gives_each_item_its_batch_one_codes(decoding):
     """The converted model's batch (right padding next to the conv modules, per-item Eq. 3
-    schedules, lengths given and from the rule): each item's batch-1 codes and draws."""
-    model = build("delta")
+    schedules, lengths given and from the rule)."""
     requests = [request(0, 18), request(1, None, text_len=3, prompt_frames=4), request(2, 5, text_len=7)]
-    alone, after = [], []
-    for i, req in enumerate(requests):
-        g = torch.Generator().manual_seed(90 + i)
-        alone.append(model.generate(req, g, **decoding))
-        after.append(torch.rand(1, generator=g))
-    gens = [torch.Generator().manual_seed(90 + i) for i in range(len(requests))]
-    batched = model.generate_batch(requests, gens, **decoding)
-    assert len({len(out.speech) for out in alone}) == 3
-    for one, many, g, next_draw in zip(alone, batched, gens, after):
-        assert many.speech.tolist() == one.speech.tolist() and many.info == one.info
-        assert torch.equal(torch.rand(1, generator=g), next_draw)
+    assert_same_items(*decode_alone_and_batched(build("delta"), requests, 90, decoding))
 
 
 def test_delta_causal_baseline_batches_as_ar():
-    causal = build("delta", causal=True, conv=False)
-    req = request(0, 8)
-    one = causal.generate(req, torch.Generator().manual_seed(3))
-    many = causal.generate_batch([req], [torch.Generator().manual_seed(3)])
-    assert many[0].speech.tolist() == one.speech.tolist()
-
-
-@pytest.mark.parametrize("decoding", [{}, {"steps": 5, "top_k": 6}], ids=["default", "few_steps"])
-def test_nar_generate_batch_gives_each_item_its_batch_one_codes(decoding):
-    """Right-padded sequences of different prompt, text and target lengths (given and Eq. 11),
-    each on its own schedule: each item gets its batch-1 codes and consumes the same draws."""
-    model = build("nar")
-    requests = [request(0, 17), request(1, None, text_len=3, prompt_frames=4), request(2, 6, text_len=7)]
-    alone, after = [], []
-    for i, req in enumerate(requests):
-        g = torch.Generator().manual_seed(70 + i)
-        alone.append(model.generate(req, g, **decoding))
-        after.append(torch.rand(1, generator=g))
-    gens = [torch.Generator().manual_seed(70 + i) for i in range(len(requests))]
-    batched = model.generate_batch(requests, gens, **decoding)
-    assert len({len(out.speech) for out in alone}) == 3
-    for one, many, g, next_draw in zip(alone, batched, gens, after):
-        assert many.speech.tolist() == one.speech.tolist() and many.info == one.info
-        assert torch.equal(torch.rand(1, generator=g), next_draw)
+    requests = [request(0, 8), request(1, None, text_len=3, prompt_frames=4)]
+    assert_same_items(*decode_alone_and_batched(build("delta", causal=True, conv=False), requests, 3, {}))
