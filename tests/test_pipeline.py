@@ -80,7 +80,10 @@ def test_evaluation_and_report(smoke):
     assert re.search(r"\| The hybrid mask beats a causal mask \| syncspeech.txt Table 2 \| Cross-sentence \| wer \|"
                      r" syncspeech \d+\.\d\d ± \d+\.\d\d \| syncspeech_causal \d+\.\d\d \| \*\*(reproduced|tie|reversed)\*\* \|",
                      table)
-    assert "### Training" in table and re.search(r"\| nar \| nar \| 0\.\d\dM \| 2 x 32 \| 30 \|", table)
+    assert "### Training" in table and re.search(r"\| nar \| nar \| (0\.\d\dM) \| \1 \| – \| 2 x 32 \| 30 \|", table)
+    assert re.search(r"\| palle \| palle \| [\d.]+M \| [\d.]+M \| 177\.0M \|", table)
+    delta = re.search(r"\| delta \| delta \| ([\d.]+)M \| ([\d.]+)M \| 494\.0M \|", table)
+    assert delta and float(delta[2]) < float(delta[1])  # the conversion trains adapters and conv modules only
     for plot in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png", "wer_vs_rtf.png",
                  "grid_delta_steps.png", "grid_palle_duration.png"):
         assert (results / "report/plots" / plot).stat().st_size > 10_000

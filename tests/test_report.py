@@ -157,3 +157,25 @@ def test_string_valued_grid_and_the_papers_cod_row():
     alone = Layout(references=[], comparison={"cod": ["cod", "cod_seed2"]})
     assert "this project's CoD" not in comparison_table(results, alone)
     assert claims_section(results, layout) == ""
+
+
+def test_training_table_gives_trainable_parameters_and_the_papers_count(tmp_path):
+    import json
+
+    from arnar.report import training_table
+
+    def summary(paradigm, parameters, trainable=None):
+        run = {"paradigm": paradigm, "parameters": parameters, "model": {"n_layers": 4, "dim": 192}, "steps": 3000,
+               "epochs": 12.5, "wall_time_s": 1800.0, "tokens_per_s": 4000.0, "final_train_loss": 1.5,
+               "final_dev_loss": 1.7}
+        if trainable is not None:
+            run["trainable_parameters"] = trainable
+        return run
+
+    (tmp_path / "delta.json").write_text(json.dumps(summary("delta", 3_000_000, 450_000)))
+    (tmp_path / "palle.json").write_text(json.dumps(summary("palle", 5_224_324, 5_224_324)))
+    (tmp_path / "ar.json").write_text(json.dumps(summary("ar", 1_987_392)))  # a summary from before the column
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in training_table(tmp_path, ["ar"]).splitlines()}
+    assert rows["delta"].startswith("| delta | delta | 3.00M | 0.45M | 494.0M | 4 x 192 | 3000 | 12.5 | 30.0 |")
+    assert rows["palle"].startswith("| palle | palle | 5.22M | 5.22M | 177.0M |")
+    assert rows["ar"].startswith("| ar | ar | 1.99M | – | – |")

@@ -411,6 +411,11 @@ def claims_section(results: dict[str, dict[str, dict]], layout: Layout | None = 
     return "\n".join(lines) + "\n"
 
 
+# parameters of one network as each paper states it (tests/test_paper_sizes.py: the model=paper*
+# configs match within 2 %); AR, NAR and SyncSpeech have no stated count (PALLE's backbone)
+PAPER_PARAMETERS = {"palle": 177.0e6, "cod": 263e6, "delta": 494e6}
+
+
 def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
     """Model size and training budget of every trained system (DESIGN.md section 6: a comparison
     states sizes and steps), from the engine's summaries ``<train_dir>/<system>.json``."""
@@ -423,16 +428,18 @@ def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
         system = path.stem
         run = json.loads(path.read_text(encoding="utf-8"))
         model = run.get("model", {})
+        trainable, paper = run.get("trainable_parameters"), PAPER_PARAMETERS.get(run.get("paradigm"))
         rows.append("| " + " | ".join([
             system, run.get("paradigm", "–"), f"{run['parameters'] / 1e6:.2f}M",
+            f"{trainable / 1e6:.2f}M" if trainable is not None else "–", f"{paper / 1e6:.1f}M" if paper else "–",
             f"{model.get('n_layers', '–')} x {model.get('dim', '–')}", str(run["steps"]),
             _fmt(run.get("epochs"), 1), _fmt(run["wall_time_s"] / 60, 1), _fmt(run.get("tokens_per_s"), 0),
             _fmt(run.get("final_train_loss"), 3), _fmt(run.get("final_dev_loss"), 3),
         ]) + " |")
     if not rows:
         return ""
-    header = ("| Run | Paradigm | Parameters | Layers x dim | Steps | Epochs | Train (min) | Tokens/s "
-              "| Train loss | Dev loss |\n|---|---|---|---|---|---|---|---|---|---|")
+    header = ("| Run | Paradigm | Parameters | Trainable | Paper (one network) | Layers x dim | Steps | Epochs "
+              "| Train (min) | Tokens/s | Train loss | Dev loss |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     return "### Training\n\n" + header + "\n" + "\n".join(rows) + "\n"
 
 

@@ -330,6 +330,8 @@ def _summary(run: Run, state: Progress, finished: bool, wall: float) -> dict[str
         "epochs": round(state.epoch + state.batch_in_epoch / len(run.sampler), 4),
         "wall_time_s": round(wall, 3),
         "parameters": run.n_params,
+        # what the optimizer updates (DELTA's conversion: adapters and conv modules only)
+        "trainable_parameters": sum(p.numel() for p in run.paradigm.parameters() if p.requires_grad),
         "final_train_loss": float(np.mean(state.recent_losses)) if state.recent_losses else None,
         "final_dev_loss": state.dev_loss,
         "best_dev_loss": state.best_dev_loss,
