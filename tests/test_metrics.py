@@ -32,6 +32,10 @@ from arnar.evaluate.metrics import (
         ("\u201cQuoted\u201d \u2018single\u2019 don\u2019t", "quoted single don't"),
         ("  CAF\u00c9   2nd  ", "caf\u00e9 second"),
         ("an mp3 file", "an mp3 file"),  # digits inside a word are left as written
+        # past the cardinals (10**15): digit by digit, as a transcript of babble reads ("7777...")
+        ("1" + "7" * 20 + " says", " ".join(["one"] + ["seven"] * 20 + ["says"])),
+        ("999,999,999,999,999", "nine hundred ninety nine trillion nine hundred ninety nine billion nine hundred "
+                                "ninety nine million nine hundred ninety nine thousand nine hundred ninety nine"),
     ],
 )
 def test_normalizer(text, expected):

@@ -78,8 +78,11 @@ def _ordinal(words: list[str]) -> list[str]:
 
 def _spell_number(match: re.Match) -> str:
     integer, decimals, suffix = match.group(1), match.group(2), match.group(3)
-    if len(integer) > 1 and integer.startswith("0"):  # "007" is read digit by digit
-        words = [int_to_words(int(d))[0] for d in integer]
+    digits = integer.replace(",", "")
+    # "007" is read digit by digit, and so is a number past the cardinals (a recogniser's
+    # transcript of babble can be "7777...", 50 digits long)
+    if (len(integer) > 1 and integer.startswith("0")) or len(digits) > 15:
+        words = [int_to_words(int(d))[0] for d in digits]
     else:
         words = int_to_words(int(integer.replace(",", "")))
     if suffix and not decimals:
