@@ -121,8 +121,9 @@ class AR(Paradigm):
         """:meth:`generate` of B requests in one forward pass per step: prefixes left-padded (pad
         keys masked, positions counted from each prefix's first real token), each item sampled
         from its own generator by the same per-item loop, finished items carried along until the
-        last one stops. The codes equal batch-1 decoding's up to float reassociation in the
-        batched matmuls (tests/test_paradigms.py bounds it); timing fields are the batch's (the
+        last one stops. The codes equal batch-1 decoding's (exactly on the CPU,
+        tests/test_decode_identical.py; batched matmuls could in principle flip a near-tie on other
+        hardware); timing fields are the batch's (the
         papers' RTF and FPL are batch-1 figures: measure those with :meth:`generate`)."""
         from arnar.nn import KVCache
 
