@@ -184,6 +184,27 @@ def collate(examples: list[Example]) -> Batch:
     return Batch(input_ids, position_ids, targets, mask, lengths, extras)
 
 
+def right_padded(sequences: list[torch.Tensor], device: torch.device | str | None = None,
+                 pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of a bidirectional paradigm's decoding: ``sequences`` (1-D ids) right-padded
+    with ``pad`` to ``[B, width]``, and ``keys`` ``[B, width]`` bool, True at each item's real
+    positions (give it to :func:`padded_attention`)."""
+    width = max(len(seq) for seq in sequences)
+    batch = torch.full((len(sequences), width), pad, dtype=torch.long)
+    keys = torch.zeros(len(sequences), width, dtype=torch.bool)
+    for b, seq in enumerate(sequences):
+        batch[b, :len(seq)], keys[b, :len(seq)] = seq, True
+    return batch.to(device), keys.to(device)
+
+
+def padded_attention(keys: torch.Tensor) -> torch.Tensor:
+    """``[B, S, S]`` bidirectional attention over each item's real positions (``keys`` ``[B, S]``
+    of :func:`right_padded`): no query attends a padding key, except a padding query itself (a row
+    with no key would be NaN). A real position's output is then that of the item decoded alone."""
+    width = keys.shape[1]
+    return keys[:, None, :] | torch.eye(width, dtype=torch.bool, device=keys.device)[None]
+
+
 # ----------------------------------------------------------------------------- synthesis I/O
 
 @dataclass

@@ -115,6 +115,8 @@ from arnar.paradigms.base import (
     SynthesisRequest,
     Utterance,
     Vocab,
+    padded_attention,
+    right_padded,
 )
 
 log = logging.getLogger(__name__)
@@ -439,15 +441,9 @@ class DeltaTTS(AR):
                           "masked": torch.ones(n_target, dtype=torch.bool),
                           # the masked target positions, ascending (the draws' order)
                           "still": torch.arange(n_target)})
-        width = max(len(item["sequence"]) for item in items)
-        batch = torch.full((len(items), width), PAD, dtype=torch.long)
-        for b, item in enumerate(items):
-            batch[b, :len(item["sequence"])] = item["sequence"]
-        batch = batch.to(device)
-        keys = batch != PAD
-        positions = torch.arange(width, device=device)
-        # bidirectional over each item's real positions; a padding query attends itself only
-        attention = keys[:, None, :] | torch.eye(width, dtype=torch.bool, device=device)[None]
+        batch, keys = right_padded([item["sequence"] for item in items], device)
+        positions = torch.arange(batch.shape[1], device=device)
+        attention = padded_attention(keys)
         calls_before = self.backbone_calls
         for step in range(len(items[0]["commits"])):
             if all(item["commits"][step] == 0 for item in items):

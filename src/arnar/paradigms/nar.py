@@ -30,7 +30,6 @@ from arnar.paradigms.base import (
     decoding_options,
     IGNORE,
     MASK,
-    PAD,
     SOS,
     TURN,
     Example,
@@ -38,6 +37,8 @@ from arnar.paradigms.base import (
     Paradigm,
     SynthesisRequest,
     Utterance,
+    padded_attention,
+    right_padded,
 )
 
 DECODING = {"steps": 16, "temperature": 1.0, "top_k": 0, "top_p": 0.9, "noise": 1.0}
@@ -105,15 +106,9 @@ class NAR(Paradigm):
             starts.append(len(sequence) - n_target)
             lengths.append(n_target)
             schedules.append(masks_per_step(n_target, steps))
-        width = max(len(seq) for seq in sequences)
-        batch = torch.full((len(requests), width), PAD, dtype=torch.long)
-        keys = torch.zeros(len(requests), width, dtype=torch.bool)
-        for b, seq in enumerate(sequences):
-            batch[b, :len(seq)], keys[b, :len(seq)] = seq, True
-        batch, keys = batch.to(device), keys.to(device)
-        positions = torch.arange(width, device=device)[None].expand(len(requests), -1)
-        # bidirectional over each item's real positions; a padding query attends itself only
-        attention = keys[:, None, :] | torch.eye(width, dtype=torch.bool, device=device)[None]
+        batch, keys = right_padded(sequences, device)
+        positions = torch.arange(batch.shape[1], device=device)[None].expand(len(requests), -1)
+        attention = padded_attention(keys)
         # each item's masked target positions, ascending (the order its sampler's draws follow),
         # kept as indices from step to step instead of a mask searched again every step
         rows = [torch.arange(n, device=device) for n in lengths]
