@@ -402,3 +402,22 @@ def test_delta_generate_batch_gives_each_item_its_batch_one_codes(decoding):
 def test_delta_causal_baseline_batches_as_ar():
     requests = [request(0, 8), request(1, None, text_len=3, prompt_frames=4)]
     assert_same_items(*decode_alone_and_batched(build("delta", causal=True, conv=False), requests, 3, {}))
+
+
+@pytest.mark.parametrize("decoding", [{"steps": 10}, {},
+                                      {"steps": 5, "refine_rule": "stage_one_confidence", "gamma": 0.2},
+                                      {"steps": 4, "stage_one_rule": "even_split", "refine_steps": 3}],
+                         ids=["rescore", "defaults", "stage_one_confidence", "even_split"])
+def test_palle_generate_batch_gives_each_item_its_batch_one_codes(decoding):
+    """Both stages batched: items of different prompt, text and target lengths (given, Eq. 11,
+    one lengthened to fit its text), so different spans per pass, different numbers of stage-one
+    passes and, for the short items, refinements that run out of frames before the others' (they
+    ride along)."""
+    requests = [request(0, 16), request(1, None, text_len=3, prompt_frames=4), request(2, 5, text_len=7),
+                request(3, 3, text_len=2, prompt_frames=6), request(4, 2, text_len=7, prompt_frames=4)]
+    alone, batched, generators, next_draws = decode_alone_and_batched(build("palle", stage=2), requests, 30,
+                                                                      decoding)
+    assert_same_items(alone, batched, generators, next_draws)
+    assert len({out.info["stage_one_passes"] for out in alone}) > 1 and alone[-1].info["extended_to_fit_text"]
+    assert batched[0].forward_passes == max(out.info["stage_one_passes"] for out in alone) + \
+        max(out.info["refine_passes"] for out in alone)

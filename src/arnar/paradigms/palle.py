@@ -65,6 +65,8 @@ from arnar.paradigms.base import (
     Paradigm,
     SynthesisRequest,
     Utterance,
+    padded_attention,
+    right_padded,
     token_cross_entropy,
 )
 
@@ -303,6 +305,7 @@ class PALLE(Paradigm):
         # only the network of this stage trains; the engine's optimiser takes requires_grad params
         self.network(3 - self.stage).requires_grad_(False)
         self.register_buffer("stage_two_initialised", torch.tensor(False))
+        self._not_speech = ~vocab.is_speech(torch.arange(vocab.size))  # [V], on the CPU where sampling runs
         self.register_load_state_dict_post_hook(_initialise_stage_two_after_load)
 
     def network(self, stage: int | None = None) -> PalleNetwork:
@@ -372,55 +375,76 @@ class PALLE(Paradigm):
         quantile_count(1, opts["gamma"])  # validates gamma
         return opts
 
-    def _speech_logits(self, network: PalleNetwork, speech: torch.Tensor, text: torch.Tensor,
-                       at: torch.Tensor, opts: dict[str, Any] | None = None) -> torch.Tensor:
-        """One pass of ``network`` over the whole sequence -> float logits ``[len(at), V]`` at
-        frames ``at``, on the CPU, every id but the speech ids at -inf. ``opts["_pass_inputs"]``
-        (set by :meth:`generate`): the pass's positions, mask and non-speech ids, made once."""
-        inputs = (opts or {}).get("_pass_inputs") or self._pass_inputs(len(speech), speech.device)
-        positions, attention, disallowed = inputs
-        hidden = network.hidden(speech[None], text[None], positions, attention)
-        logits = network.head(hidden[0, at.to(speech.device)]).float().cpu()
-        return logits.masked_fill(disallowed, float("-inf"))
+    def _plan(self, request: SynthesisRequest, opts: dict[str, Any]) -> dict[str, Any]:
+        """One request's lengths, stage-one spans and initial streams (Eqs. 12-13)."""
+        n_prompt, L_ref, L_gen = len(request.prompt_speech), len(request.prompt_text), len(request.text)
+        # T_gen: given (ground-truth duration) or the linear estimate of Eq. 11; times Fig. 5's multiplier
+        given = request.target_frames is not None
+        n_generate = int(request.target_frames) if given else total_frames_estimate(n_prompt, L_ref, L_gen)
+        n_generate = max(1, round(n_generate * float(opts["duration_multiplier"])))
+        # the padded text must fit (Eq. 13): at least one frame per text token, so no word is cut
+        fitted = max(n_generate, L_ref + L_gen - n_prompt)
+        total = n_prompt + fitted
+        return {
+            "n_prompt": n_prompt, "n_generate": fitted, "given": given, "text_fit": fitted > n_generate,
+            "spans": stage_one_spans(fitted, int(opts["steps"]), total, rule=opts["stage_one_rule"], r=opts["r"]),
+            # Eqs. 12-13: prompt codes then <mask>; prompt transcript + target text then <pad>
+            "speech": torch.cat([self.vocab.speech(request.prompt_speech), torch.full((fitted,), MASK, dtype=torch.long)]),
+            "text": padded_text(self.vocab, torch.cat([request.prompt_text, request.text]), total),
+        }
 
-    def _pass_inputs(self, S: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Positions ``[1, S]``, the all-True mask ``[1, S, S]`` and the non-speech ids ``[V]`` (CPU)
-        of a decoding pass over ``S`` frames: the same for every pass of a generation."""
-        return (torch.arange(S, device=device)[None], torch.ones(1, S, S, dtype=torch.bool, device=device),
-                ~self.vocab.is_speech(torch.arange(self.vocab.size)))
+    def _pass(self, network: PalleNetwork, streams: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One pass of ``network`` over the batch (``streams`` of :meth:`generate_batch`) ->
+        hidden states ``[B, S, dim]``."""
+        return network.hidden(streams["speech"], streams["text"], streams["positions"], streams["attention"])
 
-    def _predict(self, network: PalleNetwork, speech: torch.Tensor, text: torch.Tensor, at: torch.Tensor,
-                 generator: torch.Generator, opts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass of ``network``; sampled speech ids at frames ``at`` and their confidence
+    def _speech_logits(self, network: PalleNetwork, hidden: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """One item's ``hidden`` ``[S, dim]`` -> float logits ``[len(at), V]`` at frames ``at``, on
+        the CPU, every id but the speech ids at -inf."""
+        logits = network.head(hidden[at.to(hidden.device)]).float().cpu()
+        return logits.masked_fill(self._not_speech, float("-inf"))
+
+    def _predict(self, network: PalleNetwork, hidden: torch.Tensor, at: torch.Tensor, generator: torch.Generator,
+                 opts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled speech ids at frames ``at`` of one item's ``hidden`` and their confidence
         ``log P^max`` (Eq. 16). Sampling runs on the CPU, where the caller's generator lives (the
         same draws on any device)."""
-        logits = self._speech_logits(network, speech, text, at, opts)
+        logits = self._speech_logits(network, hidden, at)
         ids, _ = sample_tokens(logits, generator, temperature=float(opts["temperature"]), top_p=float(opts["top_p"]))
         return ids, log_max_probability(logits)
 
-    def commit_spans(self, speech: torch.Tensor, text: torch.Tensor, n_prompt: int, spans: list[int],
-                     generator: torch.Generator, opts: dict[str, Any]) -> torch.Tensor:
-        """Stage one (Eq. 14), in place on ``speech`` (prompt codes then ``<mask>``): each pass
-        predicts every frame and commits the left-most ``span`` still-masked frames. Returns the
-        confidence ``log P^max`` each generated frame was committed with ``[T_gen]``."""
-        confidence = torch.zeros(sum(spans))
-        start = n_prompt
-        for span in spans:
-            at = torch.arange(start, start + span)
-            ids, conf = self._predict(self.stage_one, speech, text, at, generator, opts)
-            speech[at.to(speech.device)] = ids.to(speech.device)  # shared ids, sampled among the speech ids
-            confidence[at - n_prompt] = conf
-            start += span
-        return confidence
+    def commit_spans(self, streams: dict[str, torch.Tensor], items: list[dict[str, Any]],
+                     generators: list[torch.Generator], opts: dict[str, Any]) -> None:
+        """Stage one (Eq. 14), in place on ``streams["speech"]`` (prompt codes then ``<mask>``): each
+        pass predicts every frame and commits, for every item with spans left, its next span of
+        left-most still-masked frames. Sets each item's ``confidence``, the ``log P^max`` each
+        generated frame was committed with ``[T_gen]``. An item whose spans are done rides along
+        unchanged until the last item's are."""
+        speech = streams["speech"]
+        for item in items:
+            item["confidence"], item["committed"] = torch.zeros(item["n_generate"]), item["n_prompt"]
+        for step in range(max(len(item["spans"]) for item in items)):
+            hidden = self._pass(self.stage_one, streams)
+            for b, (item, generator) in enumerate(zip(items, generators)):
+                if step >= len(item["spans"]):
+                    continue
+                start = item["committed"]
+                at = torch.arange(start, start + item["spans"][step])
+                ids, conf = self._predict(self.stage_one, hidden[b], at, generator, opts)
+                speech[b, at.to(speech.device)] = ids.to(speech.device)  # shared ids, sampled among the speech ids
+                item["confidence"][at - item["n_prompt"]] = conf
+                item["committed"] = start + len(at)
 
-    def refine(self, speech: torch.Tensor, text: torch.Tensor, n_prompt: int, stage_one_confidence: torch.Tensor,
-               generator: torch.Generator, opts: dict[str, Any]) -> int:
-        """Stage two (Eqs. 15-16), in place on ``speech`` (prompt + stage one's output); returns the
-        number of refined frames. Each of the ``refine_steps`` steps re-masks the ``count =``
-        :func:`quantile_count` ``(T_gen, gamma)`` least confident generated frames (the frames at or
-        below the ``gamma`` quantile of the confidence vector, 5 of 100 at gamma 0.05), re-predicts
-        them with the stage-two network in one pass and pins them: their confidence becomes
-        ``PINNED`` = 1, above any log-probability, so no frame is refined twice. Which confidence:
+    def refine(self, streams: dict[str, torch.Tensor], items: list[dict[str, Any]],
+               generators: list[torch.Generator], opts: dict[str, Any]) -> None:
+        """Stage two (Eqs. 15-16), in place on ``streams["speech"]`` (prompt + stage one's output);
+        sets each item's ``refined`` frames and ``refine_passes``. Each of the ``refine_steps`` steps
+        re-masks the ``count =`` :func:`quantile_count` ``(T_gen, gamma)`` least confident generated
+        frames of an item (the frames at or below the ``gamma`` quantile of its confidence vector, 5
+        of 100 at gamma 0.05), re-predicts them with the stage-two network in one pass and pins them:
+        their confidence becomes ``PINNED`` = 1, above any log-probability, so no frame is refined
+        twice. An item whose every frame is pinned stops (and rides along unchanged). Which
+        confidence:
 
         * ``refine_rule="rescore"`` (default, the paper): at every step the stage-two network scores
           the current sequence (Eq. 15, one pass with nothing masked), ``C = log P^max`` at every
@@ -433,62 +457,79 @@ class PALLE(Paradigm):
           (Its reason: under Eq. 10 the loss is on masked frames only, so a network's output at a
           visible frame, which is what "rescore" ranks, is never a training target.)
         """
-        rule, count = opts["refine_rule"], quantile_count(len(stage_one_confidence), float(opts["gamma"]))
-        generated = torch.arange(n_prompt, len(speech))
-        pinned = torch.zeros(len(stage_one_confidence), dtype=torch.bool)
+        speech, gamma = streams["speech"], float(opts["gamma"])
+        for item in items:
+            item["pinned"] = torch.zeros(item["n_generate"], dtype=torch.bool)
+            item["count"], item["refine_passes"] = quantile_count(item["n_generate"], gamma), 0
         for _ in range(int(opts["refine_steps"])):
-            n_open = int((~pinned).sum())
-            if n_open == 0:
+            open_items = [b for b, item in enumerate(items) if not bool(item["pinned"].all())]
+            if not open_items:
                 break
-            if rule == "rescore":
-                confidence = log_max_probability(self._speech_logits(self.stage_two, speech, text, generated, opts))
-            else:
-                confidence = stage_one_confidence
-            chosen = lowest_confidence(confidence.masked_fill(pinned, PINNED), min(count, n_open))
-            at = (chosen + n_prompt).to(speech.device)
-            speech[at] = MASK
-            ids, _ = self._predict(self.stage_two, speech, text, chosen + n_prompt, generator, opts)
-            speech[at] = ids.to(speech.device)
-            pinned[chosen] = True
-        return int(pinned.sum())
+            if opts["refine_rule"] == "rescore":
+                hidden = self._pass(self.stage_two, streams)
+            chosen = {}
+            for b in open_items:
+                item = items[b]
+                if opts["refine_rule"] == "rescore":
+                    generated = torch.arange(item["n_prompt"], item["n_prompt"] + item["n_generate"])
+                    confidence = log_max_probability(self._speech_logits(self.stage_two, hidden[b], generated))
+                    item["refine_passes"] += 1
+                else:
+                    confidence = item["confidence"]
+                n_open = int((~item["pinned"]).sum())
+                chosen[b] = lowest_confidence(confidence.masked_fill(item["pinned"], PINNED), min(item["count"], n_open))
+                speech[b, (chosen[b] + item["n_prompt"]).to(speech.device)] = MASK
+            hidden = self._pass(self.stage_two, streams)
+            for b in open_items:
+                item, at = items[b], chosen[b] + items[b]["n_prompt"]
+                ids, _ = self._predict(self.stage_two, hidden[b], at, generators[b], opts)
+                speech[b, at.to(speech.device)] = ids.to(speech.device)
+                item["pinned"][chosen[b]] = True
+                item["refine_passes"] += 1
+        for item in items:
+            item["refined"] = int(item["pinned"].sum())
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        return self.generate_batch([request], [generator], **decoding)[0]
+
+    @torch.no_grad()
+    def generate_batch(self, requests: list[SynthesisRequest], generators: list[torch.Generator],
+                       **decoding: Any) -> list[Generation]:
+        """Both stages of B requests, one pass of a network per step for all of them: the two
+        streams right-padded (padding keys masked; the convolutions see ``<pad>`` as padding), each
+        item on its own length, spans and refinement, sampled from its own generator exactly as
+        alone (B = 1 is :meth:`generate`). Stage one runs until the item with the most spans is
+        done, then stage two; an item with nothing left to do in a pass rides along unchanged.
+        ``info`` holds each item's own pass counts; ``forward_passes`` is the batch's."""
+        if len(requests) != len(generators):
+            raise ValueError(f"{len(requests)} requests but {len(generators)} generators")
         opts = self._decoding_options(decoding)
         device = self.stage_one.head.weight.device
-        n_prompt, L_ref, L_gen = len(request.prompt_speech), len(request.prompt_text), len(request.text)
-        # T_gen: given (ground-truth duration) or the linear estimate of Eq. 11; times Fig. 5's multiplier
-        given = request.target_frames is not None
-        n_generate = int(request.target_frames) if given else total_frames_estimate(n_prompt, L_ref, L_gen)
-        n_generate = max(1, round(n_generate * float(opts["duration_multiplier"])))
-        # the padded text must fit (Eq. 13): at least one frame per text token, so no word is cut
-        fitted = max(n_generate, L_ref + L_gen - n_prompt)
-        text_fit = fitted > n_generate
-        n_generate = fitted
-        total = n_prompt + n_generate
-
-        # Eqs. 12-13: prompt codes then <mask>; prompt transcript + target text then <pad>
-        text = padded_text(self.vocab, torch.cat([request.prompt_text, request.text]), total).to(device)
-        speech = torch.cat([self.vocab.speech(request.prompt_speech),
-                            torch.full((n_generate,), MASK, dtype=torch.long)]).to(device)
+        items = [self._plan(request, opts) for request in requests]
+        speech, keys = right_padded([item["speech"] for item in items], device)
+        text, _ = right_padded([item["text"] for item in items], device)
+        streams = {"speech": speech, "text": text, "attention": padded_attention(keys),
+                   "positions": torch.arange(speech.shape[1], device=device)[None].expand(len(items), -1)}
         passes_before = self.stage_one.passes + self.stage_two.passes
-        opts = {**opts, "_pass_inputs": self._pass_inputs(total, device)}  # the same for every pass
-        spans = stage_one_spans(n_generate, int(opts["steps"]), total, rule=opts["stage_one_rule"], r=opts["r"])
-        confidence = self.commit_spans(speech, text, n_prompt, spans, generator, opts)
-        refined = self.refine(speech, text, n_prompt, confidence, generator, opts)
-
+        self.commit_spans(streams, items, generators, opts)
+        self.refine(streams, items, generators, opts)
         passes = self.stage_one.passes + self.stage_two.passes - passes_before
-        codes = self.vocab.speech_codes(speech[n_prompt:].cpu())
-        return Generation(codes, forward_passes=passes, first_packet_passes=None, info={
-            "target_frames": n_generate,
-            "length_from": "given" if given else "eq11",
-            "extended_to_fit_text": text_fit,
-            "stage_one_rule": opts["stage_one_rule"],
-            "refine_rule": opts["refine_rule"],
-            "stage_one_passes": len(spans),
-            "refine_passes": passes - len(spans),
-            "refined_frames": refined,
-        })
+        out = []
+        for b, item in enumerate(items):
+            n_prompt = item["n_prompt"]
+            codes = self.vocab.speech_codes(speech[b, n_prompt:n_prompt + item["n_generate"]].cpu())
+            out.append(Generation(codes, forward_passes=passes, first_packet_passes=None, info={
+                "target_frames": item["n_generate"],
+                "length_from": "given" if item["given"] else "eq11",
+                "extended_to_fit_text": item["text_fit"],
+                "stage_one_rule": opts["stage_one_rule"],
+                "refine_rule": opts["refine_rule"],
+                "stage_one_passes": len(item["spans"]),
+                "refine_passes": item["refine_passes"],
+                "refined_frames": item["refined"],
+            }))
+        return out
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
