@@ -421,3 +421,21 @@ def test_palle_generate_batch_gives_each_item_its_batch_one_codes(decoding):
     assert len({out.info["stage_one_passes"] for out in alone}) > 1 and alone[-1].info["extended_to_fit_text"]
     assert batched[0].forward_passes == max(out.info["stage_one_passes"] for out in alone) + \
         max(out.info["refine_passes"] for out in alone)
+
+
+@pytest.mark.parametrize("decoding", [{"steps": 6}, {"steps": 4, "guidance_form": "interpolate", "top_p": 0.8},
+                                      {"steps": 5, "guidance_start": 0.0, "guidance_end": 0.0, "noise_start": 0.0,
+                                       "top_k": 4},
+                                      {"steps": 3, "length": "prompt_rate"}],
+                         ids=["guided", "interpolate", "unguided", "prompt_rate"])
+def test_cod_generate_batch_gives_each_item_its_batch_one_codes(decoding):
+    """Every level batched, both CFG inputs in the same pass: items of different phoneme, prompt and
+    target lengths (given, predicted or from the prompt's rate), so different level lengths and
+    schedules; the short item's coarse levels are done before the others' (it rides along)."""
+    requests = [request(0, 22, cod=True), request(1, None, text_len=3, prompt_frames=4, cod=True),
+                request(2, 3, text_len=7, prompt_frames=12, cod=True), request(3, None, text_len=6, cod=True)]
+    alone, batched, generators, next_draws = decode_alone_and_batched(build("cod", **COD_OPTIONS), requests, 10,
+                                                                      decoding)
+    assert_same_items(alone, batched, generators, next_draws)
+    assert len({tuple(out.info["level_lengths"]) for out in alone}) >= 3
+    assert batched[0].forward_passes == max(out.forward_passes for out in alone)  # one pass per step for all

@@ -150,6 +150,8 @@ from arnar.paradigms.base import (
     Paradigm,
     SynthesisRequest,
     Utterance,
+    padded_attention,
+    right_padded,
     token_cross_entropy,
 )
 
@@ -538,14 +540,17 @@ class CoD(Paradigm):
         frames = round(math.exp(min(float(log_frames), 30.0)))
         return max(1, min(frames, MAX_FRAMES_PER_PHONEME * len(phonemes)))
 
-    @torch.no_grad()
-    def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+    def _decoding_options(self, decoding: dict[str, Any]) -> dict[str, Any]:
         opts = decoding_options("CoD", DECODING, decoding)
         if opts["guidance_form"] not in GUIDANCE_FORMS:
             raise ValueError(f"CoD guidance_form must be one of {sorted(GUIDANCE_FORMS)}, got {opts['guidance_form']!r}")
         if opts["length"] not in ("predictor", "prompt_rate"):
             raise ValueError(f"CoD decoding length must be 'predictor' or 'prompt_rate', got {opts['length']!r}")
-        steps = int(opts["steps"])
+        return opts
+
+    def _plan(self, request: SynthesisRequest, opts: dict[str, Any]) -> dict[str, Any]:
+        """One request's inputs (phonemes of prompt transcript + text, speaker, the trimmed prompt
+        and its levels) and target length (given, the duration predictor or the prompt's rate)."""
         features = dict(getattr(request, "features", None) or {})
         text_phonemes, speaker = self._features(features, "CoD synthesis request")
         if not len(text_phonemes):
@@ -564,63 +569,103 @@ class CoD(Paradigm):
             length_from = "prompt_rate"
         else:
             n_frames, length_from, duration_passes = self.predict_frames(text_phonemes, speaker), "predictor", 1
+        prompt_levels = self.speech_levels(prompt, features, "prompt_coarse", "CoD synthesis request (prompt)") \
+            if self.speech_prompt else [torch.zeros(0, dtype=torch.long)] * self.n_levels
+        return {"phonemes": torch.cat([prompt_phonemes, text_phonemes]), "speaker": speaker, "prompt": prompt,
+                "prompt_levels": prompt_levels, "n_frames": n_frames, "length_from": length_from,
+                "duration_passes": duration_passes, "level_lengths": [], "finished": None}
 
+    def _level_sequence(self, item: dict[str, Any], level: int, factor: int) -> tuple[Tensor, Tensor, Tensor]:
+        """One item's sequence at ``level`` (:meth:`_sequence`): its prompt's tokens of the level,
+        ``<mask>`` for the target, conditioned on the item's previous level (``finished``). Sets
+        the item's ``start`` (first target position) and ``n_target``."""
+        n_prompt = len(item["prompt"]) // factor
+        n_target = math.ceil(item["n_frames"] / factor)
+        N = n_prompt + n_target
+        item["level_lengths"].append(N)
+        finished = item["finished"]
+        previous = None if finished is None else torch.from_numpy(upsample(finished.numpy(), 2, N))
+        current = torch.cat([self.vocab.speech(item["prompt_levels"][level - 1]),
+                             torch.full((n_target,), MASK, dtype=torch.long)])
+        item["start"], item["n_target"] = len(item["phonemes"]) + n_prompt, n_target
+        return self._sequence(item["phonemes"], current, previous)
+
+    @torch.no_grad()
+    def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
+        return self.generate_batch([request], [generator], **decoding)[0]
+
+    @torch.no_grad()
+    def generate_batch(self, requests: list[SynthesisRequest], generators: list[torch.Generator],
+                       **decoding: Any) -> list[Generation]:
+        """Level-by-level MaskGIT decoding of B requests, one backbone pass per step for all of them
+        and both CFG inputs (rows ``0..B-1`` conditional, ``B..2B-1`` unconditional): sequences
+        right-padded (padding keys masked), every item on its own lengths and schedules, guided,
+        noised and sampled from its own generator exactly as alone (B = 1 is :meth:`generate`). A
+        level ends when every item's is done (an item done early rides along unchanged); the
+        duration predictor runs once per item that needs it, alone. ``forward_passes`` is the
+        batch's."""
+        if len(requests) != len(generators):
+            raise ValueError(f"{len(requests)} requests but {len(generators)} generators")
+        opts = self._decoding_options(decoding)
+        steps = int(opts["steps"])
+        items = [self._plan(request, opts) for request in requests]
         device = self.embed.weight.device
-        phonemes = torch.cat([prompt_phonemes, text_phonemes])
-        P = len(phonemes)
         guidance = linear_schedule(opts["guidance_start"], opts["guidance_end"], steps)
         noise = linear_schedule(opts["noise_start"], opts["noise_end"], steps)
         form = opts["guidance_form"]
         guided = any(w != GUIDANCE_FORMS[form] for w in guidance)  # else every step is the conditional model
-        drop = torch.tensor([False, True] if guided else [False], device=device)
-        speaker_rows = speaker[None].expand(len(drop), -1).to(device)
+        B = len(items)
+        copies = 2 if guided else 1  # the conditional rows, then as many unconditional ones
+
+        def rows(t: Tensor) -> Tensor:
+            return t.repeat(copies, *[1] * (t.dim() - 1))
+
+        drop = torch.arange(copies * B, device=device) >= B
+        speaker_rows = rows(torch.stack([item["speaker"] for item in items]).to(device))
         calls_before = self.backbone_calls
-        factors = level_factors(self.n_levels)
-        prompt_levels = self.speech_levels(prompt, features, "prompt_coarse", "CoD synthesis request (prompt)") \
-            if self.speech_prompt else [torch.zeros(0, dtype=torch.long)] * self.n_levels
-        finished: Tensor | None = None  # codes of the last decoded level, prompt included
-        lengths = []
-        for level, factor in enumerate(factors, start=1):
-            n_prompt = len(prompt) // factor
-            n_target = math.ceil(n_frames / factor)
-            N = n_prompt + n_target
-            lengths.append(N)
-            previous = None if finished is None else torch.from_numpy(upsample(finished.numpy(), 2, N))
-            current = torch.cat([self.vocab.speech(prompt_levels[level - 1]),
-                                 torch.full((n_target,), MASK, dtype=torch.long)])
-            sequence = self._sequence(phonemes, current, previous)
-            input_ids, phoneme_extra, previous_extra = (t.to(device) for t in sequence)
-            rows = len(drop)
-            batch_inputs = dict(position_ids=torch.arange(P + N, device=device)[None].expand(rows, -1),
-                                phonemes=phoneme_extra[None].expand(rows, -1),
-                                previous=previous_extra[None].expand(rows, -1),
-                                level=torch.full((rows,), level, device=device), drop=drop, speaker=speaker_rows)
-            start = P + n_prompt
-            masked = torch.ones(n_target, dtype=torch.bool, device=device)
-            for step, keep_masked in enumerate(masks_per_step(n_target, steps)):
-                if not bool(masked.any()):
+        for level, factor in enumerate(level_factors(self.n_levels), start=1):
+            sequences = [self._level_sequence(item, level, factor) for item in items]
+            input_ids, keys = right_padded([seq[0] for seq in sequences], device)
+            phoneme_extra, _ = right_padded([seq[1] for seq in sequences], device, pad=0)
+            previous_extra, _ = right_padded([seq[2] for seq in sequences], device, pad=0)
+            width = input_ids.shape[1]
+            batch_inputs = dict(position_ids=torch.arange(width, device=device)[None].expand(copies * B, -1),
+                                phonemes=rows(phoneme_extra), previous=rows(previous_extra),
+                                level=torch.full((copies * B,), level, device=device), drop=drop,
+                                speaker=speaker_rows, attention_mask=rows(padded_attention(keys)))
+            masked = [torch.ones(item["n_target"], dtype=torch.bool, device=device) for item in items]
+            schedules = [masks_per_step(item["n_target"], steps) for item in items]
+            for step in range(steps):
+                active = [b for b in range(B) if bool(masked[b].any())]
+                if not active:
                     break
-                logits = self.level_logits(input_ids[None].expand(rows, -1), **batch_inputs)
-                logits = logits[:, start:, self.vocab.speech_offset:].float()  # speech codes only
-                step_logits = guided_logits(logits[0], logits[1], guidance[step], form) if guided else logits[0]
-                if noise[step] > 0:
-                    gaussian = torch.randn(step_logits.shape, generator=generator).to(device)
-                    step_logits = step_logits + math.sqrt(noise[step]) * gaussian
-                codes, probs = sample_tokens(step_logits, generator, temperature=opts["temperature"],
-                                             top_k=opts["top_k"], top_p=opts["top_p"])
-                # committed tokens are never re-masked; of the fresh ones, the least confident wait
-                confidence = probs.masked_fill(~masked, float("inf"))
-                target_ids = input_ids[start:].clone()
-                target_ids[masked] = self.vocab.speech(codes[masked])
-                still_masked = torch.zeros_like(masked)
-                if keep_masked > 0:
-                    still_masked[torch.topk(confidence, keep_masked, largest=False).indices] = True
-                target_ids[still_masked] = MASK
-                input_ids[start:] = target_ids
-                masked = still_masked
-            finished = self.vocab.speech_codes(input_ids[P:].cpu())
-        speech = finished[len(prompt):]
-        return Generation(speech, forward_passes=self.backbone_calls - calls_before, info={
-            "target_frames": n_frames, "length_from": length_from, "levels": self.n_levels, "steps": steps,
-            "level_lengths": lengths, "prompt_frames_used": len(prompt), "duration_passes": duration_passes,
-            "guidance_form": form})
+                logits = self.level_logits(rows(input_ids), **batch_inputs)
+                for b in active:
+                    start, n_target, generator = items[b]["start"], items[b]["n_target"], generators[b]
+                    item_logits = logits[b::B, start:start + n_target, self.vocab.speech_offset:].float()  # speech codes only
+                    step_logits = guided_logits(item_logits[0], item_logits[1], guidance[step], form) if guided \
+                        else item_logits[0]
+                    if noise[step] > 0:
+                        gaussian = torch.randn(step_logits.shape, generator=generator).to(device)
+                        step_logits = step_logits + math.sqrt(noise[step]) * gaussian
+                    codes, probs = sample_tokens(step_logits, generator, temperature=opts["temperature"],
+                                                 top_k=opts["top_k"], top_p=opts["top_p"])
+                    # committed tokens are never re-masked; of the fresh ones, the least confident wait
+                    confidence = probs.masked_fill(~masked[b], float("inf"))
+                    target_ids = input_ids[b, start:start + n_target].clone()
+                    target_ids[masked[b]] = self.vocab.speech(codes[masked[b]])
+                    still_masked = torch.zeros_like(masked[b])
+                    keep_masked = schedules[b][step]
+                    if keep_masked > 0:
+                        still_masked[torch.topk(confidence, keep_masked, largest=False).indices] = True
+                    target_ids[still_masked] = MASK
+                    input_ids[b, start:start + n_target] = target_ids
+                    masked[b] = still_masked
+            for b, item in enumerate(items):
+                P = len(item["phonemes"])
+                item["finished"] = self.vocab.speech_codes(input_ids[b, P:item["start"] + item["n_target"]].cpu())
+        passes = self.backbone_calls - calls_before
+        return [Generation(item["finished"][len(item["prompt"]):], forward_passes=passes, info={
+            "target_frames": item["n_frames"], "length_from": item["length_from"], "levels": self.n_levels,
+            "steps": steps, "level_lengths": item["level_lengths"], "prompt_frames_used": len(item["prompt"]),
+            "duration_passes": item["duration_passes"], "guidance_form": form}) for item in items]
