@@ -92,12 +92,14 @@ def test_cpu_mode_runs_every_section(run):
         assert r["frames"] == round(r["audio_seconds"] * r["frame_rate"])
         assert r["passes"] > 0 and r["rtf"] > 0 and 0 < r["overhead"] < 1
         assert r["token_seconds_vs_ar"] is not None and r["fpl_seconds_vs_ar"] is not None
-    # batched synthesis: src has no batched path yet, so batch 1 only (from the decoding rows)
+    # batched synthesis: a paradigm without a batched path has batch 1 only (from the decoding rows)
     batched = report["batched"]
     ten = {r["paradigm"]: r for r in decode["results"] if r["audio_seconds"] == 10.0}
     for name, row in batched["rows"].items():
         if not row["batched_path"]:
             assert row["batch1_items_per_s"] == pytest.approx(1 / ten[name]["token_seconds"])
+        assert "error" not in row, (name, row.get("error"))
+    assert {name for name, row in batched["rows"].items() if row["batched_path"]} == PARADIGMS  # every one has it
     # training: every paradigm, its FLOP rate against the matmul of the same run
     train = report["train"]
     assert set(train["results"]) == TRAINED and train["config"]["skipped"] == {}
@@ -142,7 +144,9 @@ def test_merge_copies_a_device_runs_sections(run, tmp_path):
 
 
 def test_batched_synthesis_measures_a_batched_path_where_one_exists():
-    setups = ds.build_setups(["ar", "syncspeech"], "tiny", torch.device("cpu"), {}, "bf16")
+    """AR's batched path with its calls counted, SyncSpeech's as it is, and a paradigm without one
+    (NAR's taken away: every paradigm in src has one now) given batch 1 only."""
+    setups = ds.build_setups(["ar", "syncspeech", "nar"], "tiny", torch.device("cpu"), {}, "bf16")
     calls = []
     real = setups["ar"].model.generate_batch
 
@@ -152,15 +156,18 @@ def test_batched_synthesis_measures_a_batched_path_where_one_exists():
         return real(requests, generators, **decoding)
 
     setups["ar"].model.generate_batch = generate_batch
+    setups["nar"].model.generate_batch = None
     result = gf.batched_synthesis(setups, 1.0, [1, 2], seed=0, sync=lambda: None, batch1={"ar": 0.5},
                                   log=lambda line: None)
     assert calls == [2, 1, 2]  # a warm-up at the largest batch, then each size once
-    ar, sync = result["rows"]["ar"], result["rows"]["syncspeech"]
+    ar, sync, nar = result["rows"]["ar"], result["rows"]["syncspeech"], result["rows"]["nar"]
     assert result["any_batched"] and ar["batched_path"] and set(ar["items_per_s"]) == {1, 2}
     assert all(v > 0 for v in ar["items_per_s"].values()) and ar["batch1_items_per_s"] == 2.0
-    assert not sync["batched_path"] and sync["items_per_s"] == {} and sync["batch1_items_per_s"] is None
+    assert sync["batched_path"] and "error" not in sync and set(sync["items_per_s"]) == {1, 2}
+    assert not nar["batched_path"] and nar["items_per_s"] == {} and nar["batch1_items_per_s"] is None
     lines = gf.batched_lines(result)
     assert "items/s, B = 2" in lines[0] and lines[2].startswith("| ar | generate_batch |")
+    assert lines[3].startswith("| syncspeech | generate_batch |") and lines[4].startswith("| nar | none in src |")
 
 
 @pytest.mark.skipif(not PAPERS_DIR.is_dir(), reason="the papers' texts are not on this machine")

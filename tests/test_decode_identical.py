@@ -439,3 +439,27 @@ def test_cod_generate_batch_gives_each_item_its_batch_one_codes(decoding):
     assert_same_items(alone, batched, generators, next_draws)
     assert len({tuple(out.info["level_lengths"]) for out in alone}) >= 3
     assert batched[0].forward_passes == max(out.forward_passes for out in alone)  # one pass per step for all
+
+
+@pytest.mark.parametrize("options,decoding,oracle", [
+    ({"max_duration": 6}, {}, False),
+    ({"max_duration": 6}, {"speech_top_k": 3, "chunk_size": 4}, False),
+    ({"max_duration": 6}, {}, True),
+    ({"max_duration": 6, "q": 2}, {"cached": False, "speech_top_k": 2}, False),
+    ({"max_duration": 6, "attention": "causal"}, {"speech_top_k": 2}, False),
+], ids=["default", "sampled", "oracle", "uncached", "causal"])
+def test_syncspeech_generate_batch_gives_each_item_its_batch_one_codes(options, decoding, oracle):
+    """Text-synchronous streams batched: items of different prompt and text lengths (so different
+    numbers of passes, the short ones riding along as padding), different durations per pass (so
+    rows padded to the widest, and last pass's masks turned into padding slots of the shared
+    cache rather than cropped)."""
+    requests = [request(0, None, text_len=5, text_ends=oracle), request(1, None, text_len=2, prompt_frames=4,
+                                                                        text_ends=oracle),
+                request(2, None, text_len=8, prompt_frames=12, text_ends=oracle),
+                request(3, None, text_len=1, prompt_frames=6, text_ends=oracle)]
+    alone, batched, generators, next_draws = decode_alone_and_batched(build("syncspeech", **options), requests, 20,
+                                                                      decoding)
+    assert_same_items(alone, batched, generators, next_draws)
+    for one, many in zip(alone, batched):
+        assert many.first_packet_passes == one.first_packet_passes
+    assert batched[0].forward_passes == max(out.forward_passes for out in alone) == 9  # L + 1 for the longest

@@ -405,8 +405,8 @@ def test_testlist_synthesis_checks_each_item_as_arnar_synthesize_does(synth, bui
 
 def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp_path):
     """--batch-size 3 over 4 items (a full batch and a remainder, both tasks): the same audio as
-    one item at a time, each record marked with its batch; a paradigm with no batched decoding
-    is refused in one line."""
+    one item at a time, each record marked with its batch (AR, and SyncSpeech's streams); a
+    paradigm with no batched decoding is refused in one line."""
     prompts = tmp_path / "prompts"
     prompts.mkdir()
     items = []
@@ -430,6 +430,13 @@ def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp
     assert [r["batch_size"] for r in records] == [3, 3, 3, 1]
     assert "batch_size" not in (tmp_path / "one" / "timing.jsonl").read_text()
     sync = Synthesizer(built["syncspeech"], codec="offline", codec_model=str(built["codec"]), bpe_model=built["bpe"])
+    synthesize_testlist(sync, testlist, prompts, tmp_path / "sync_one", seed=5, progress=False)
+    synthesize_testlist(sync, testlist, prompts, tmp_path / "sync_two", seed=5, progress=False, batch_size=2)
+    for item in items:
+        one, _ = sf.read(str(tmp_path / "sync_one" / f"{item.item_id}.wav"))
+        two, _ = sf.read(str(tmp_path / "sync_two" / f"{item.item_id}.wav"))
+        assert np.array_equal(one, two), item.item_id
+    sync.model.generate_batch = None  # a paradigm without batched decoding (every one in src has it now)
     with pytest.raises(SynthesisInputError) as err:
         synthesize_testlist(sync, testlist, prompts, tmp_path / "sync", seed=5, progress=False, batch_size=2)
     assert_one_line(str(err.value), "--batch-size 2", "generate_batch")

@@ -328,17 +328,26 @@ class _Decoder:
     limit for text keys and the one for stream keys) plus the span it shares with its keys (-2:
     none). A pass's new positions are collected as Python ints (``add_*``) and written with one
     copy; its mask rows are then a few elementwise operations over ``[new, all]``, the same booleans
-    as :func:`hybrid_attention_mask` (tests/test_syncspeech.py compares them)."""
+    as :func:`hybrid_attention_mask` (tests/test_syncspeech.py compares them).
+
+    One row of a batch (``in_batch``, :class:`_BatchDecoder`): the table's columns are the batch's
+    cache slots, so :meth:`drop_last` cannot cut them; it turns them into :data:`PADDING` columns
+    instead (attended by no real query), and the batch cuts the slots that are padding in every row."""
 
     FIELDS = ("input_ids", "position_ids", "is_text", "span", "text_limit", "stream_limit", "query_span")
+    # a column that is no position: its key position is never below a limit and its span (-3) is no
+    # real query's, so no real query attends it; as a query it attends only such columns (itself
+    # among them, so that no attention row is empty)
+    PADDING = (0, 1 << 30, 0, -3, 0, 0, -3)
 
-    def __init__(self, model: SyncSpeech, cached: bool, capacity: int = 256):
+    def __init__(self, model: SyncSpeech, cached: bool, capacity: int = 256, *, in_batch: bool = False):
         from arnar.nn import KVCache
 
         self.model = model
         self.bidirectional = model.attention == "hybrid"
         self.device = model.embed.weight.device
-        self.cache = KVCache() if cached else None
+        self.cache = KVCache() if cached and not in_batch else None
+        self.in_batch = in_batch
         self.passes = 0
         self.table = torch.zeros(len(self.FIELDS), capacity, dtype=torch.long)
         self.length = 0  # positions in the layout
@@ -372,20 +381,30 @@ class _Decoder:
         predicts is the caller's bookkeeping)."""
         self._add([token], range(position, position + 1), is_text=False, text_seen=text_seen)
 
-    def run(self) -> Tensor:
-        """Hidden states ``[n, dim]`` of the ``n`` positions added since the last pass, now part of
-        the layout."""
-        new = torch.tensor(self.pending, dtype=torch.long)
+    def take_pending(self, width: int | None = None) -> Tensor:
+        """The positions added since the last pass as new table columns ``[FIELDS, n]``, followed
+        by :data:`PADDING` columns up to ``width`` (a batch's widest row)."""
+        pending = self.pending
+        n = len(pending[0])
+        if width is not None and width > n:
+            pending = [column + [value] * (width - n) for column, value in zip(pending, self.PADDING)]
+        new = torch.tensor(pending, dtype=torch.long).reshape(len(self.FIELDS), -1)
         self.pending = [[] for _ in self.FIELDS]
-        n, start = new.shape[1], self.length
-        end = start + n
+        start, end = self.length, self.length + new.shape[1]
         if end > self.table.shape[1]:
             grown = torch.zeros(len(self.FIELDS), max(2 * self.table.shape[1], end), dtype=torch.long)
             grown[:, :start] = self.table[:, :start]
             self.table = grown
         self.table[:, start:end] = new
         self.length = end
-        keys = self.table[:, :end]
+        return new
+
+    def run(self) -> Tensor:
+        """Hidden states ``[n, dim]`` of the ``n`` positions added since the last pass, now part of
+        the layout."""
+        new = self.take_pending()
+        n = new.shape[1]
+        keys = self.table[:, :self.length]
         queries = new if self.cache is not None else keys.clone()  # inputs never alias the table
         mask = self.attention_mask(keys, queries)
         model = self.model
@@ -396,16 +415,65 @@ class _Decoder:
 
     @staticmethod
     def attention_mask(keys: Tensor, queries: Tensor) -> Tensor:
-        """``[len(queries), len(keys)]`` hybrid mask from table columns (see the class docstring)."""
-        key_text = keys[2].bool()[None, :]
-        limit = torch.where(key_text, queries[4][:, None], queries[5][:, None])
-        return (keys[1][None, :] < limit) | (keys[3][None, :] == queries[6][:, None])
+        """``[..., len(queries), len(keys)]`` hybrid mask from table columns ``[..., FIELDS, n]`` (see
+        the class docstring)."""
+        key_text = keys[..., 2, None, :].bool()
+        limit = torch.where(key_text, queries[..., 4, :, None], queries[..., 5, :, None])
+        return (keys[..., 1, None, :] < limit) | (keys[..., 3, None, :] == queries[..., 6, :, None])
 
     def drop_last(self, n: int) -> None:
-        """Forget the last ``n`` positions (layout and cache)."""
-        self.length -= n
-        if self.cache is not None:
-            self.cache.crop(self.length)
+        """Forget the last ``n`` positions (layout and cache; in a batch, the last ``n`` that are
+        not padding become padding)."""
+        if not self.in_batch:
+            self.length -= n
+            if self.cache is not None:
+                self.cache.crop(self.length)
+            return
+        real = (self.table[3, :self.length] != self.PADDING[3]).nonzero().flatten()
+        for column in real[len(real) - n:].tolist():
+            self.table[:, column] = torch.tensor(self.PADDING)
+
+
+class _BatchDecoder:
+    """:class:`_Decoder` passes for B layouts at once (``rows``, one per item), one backbone call
+    each: every row's new positions padded with :data:`_Decoder.PADDING` columns to the widest
+    row's, one KV cache whose slots are the rows' table columns. Before a pass, slots at the end
+    that are padding in every row are cut from the tables and the cache (for one row that is
+    exactly :meth:`_Decoder.drop_last`'s crop)."""
+
+    def __init__(self, model: SyncSpeech, cached: bool, rows: int):
+        from arnar.nn import KVCache
+
+        self.model, self.device = model, model.embed.weight.device
+        self.rows = [_Decoder(model, cached, in_batch=True) for _ in range(rows)]
+        self.cache = KVCache() if cached else None
+        self.passes = 0
+
+    def run(self) -> list[Tensor]:
+        """Hidden states ``[n_b, dim]`` of the positions each row added since the last pass."""
+        rows = self.rows
+        length = rows[0].length
+        while length > 0 and all(int(row.table[3, length - 1]) == _Decoder.PADDING[3] for row in rows):
+            length -= 1
+        if length < rows[0].length:
+            for row in rows:
+                row.length = length
+            if self.cache is not None:
+                self.cache.crop(length)
+        counts = [len(row.pending[0]) for row in rows]
+        width = max(counts)
+        new = torch.stack([row.take_pending(width) for row in rows])
+        keys = torch.stack([row.table[:, :row.length] for row in rows])
+        queries = new if self.cache is not None else keys.clone()
+        mask = _Decoder.attention_mask(keys, queries)
+        model = self.model
+        hidden = model.backbone(model.embed(queries[:, 0].to(self.device)), queries[:, 1].to(self.device),
+                                mask.to(self.device), cache=self.cache)
+        self.passes += 1
+        for row in rows:
+            row.passes = self.passes
+        first = 0 if self.cache is not None else length
+        return [hidden[b, first:first + n] for b, n in enumerate(counts)]
 
 
 # ----------------------------------------------------------------------------- the paradigm
@@ -508,87 +576,11 @@ class SyncSpeech(Paradigm):
         :class:`StreamStep` per forward pass (the first carries no speech). ``prompt_ends``: the
         prompt's a_n (default :func:`uniform_ends`); ``text_ends``: oracle a_n of the target."""
         opts = self.decoding_options(decoding)
-        vocab, q = self.vocab, self.q
-        prompt_text = torch.as_tensor(prompt_text).long().cpu()
-        prompt_speech = torch.as_tensor(prompt_speech).long().cpu()
-        P = len(prompt_text)
-        prompt_ends = (uniform_ends(P, len(prompt_speech)) if prompt_ends is None
-                       else check_ends(prompt_ends, P, len(prompt_speech), "prompt"))
-        given = None if text_ends is None else durations(text_ends).tolist()
-
-        source, arrived, ended = iter(text), [], False
-
-        def wait_for(count: int) -> None:
-            nonlocal ended
-            while len(arrived) < count and not ended:
-                try:
-                    arrived.append(int(next(source)))
-                except StopIteration:
-                    ended = True
-
-        def next_duration(hidden_of_d: Tensor, index: int) -> int:
-            """Duration of target token ``index`` (0-based): the oracle's if given, else sampled."""
-            if given is not None:
-                return int(given[index]) if index < len(given) else 0
-            logits = self.duration_head(hidden_of_d)
-            return int(self._choose(logits, generator, int(opts["duration_top_k"]), float(opts["temperature"])))
-
         decoder = _Decoder(self, cached=bool(opts["cached"]))
-        text_offset, speech_offset = vocab.text_offset, vocab.speech_offset
-        # 1. the first pass: once q + 1 text tokens are there, predict the first duration
-        wait_for(q + 1)
-        if not arrived:
-            return
-        seen = P + len(arrived)
-        decoder.add_text([i + text_offset for i in prompt_text.tolist() + arrived], 0)
-        decoder.add_marker(END_OF_TEXT, 0, seen)
-        position = 1
-        prompt_ids = [c + speech_offset for c in prompt_speech.tolist()]
-        prompt_starts = [0] + prompt_ends.tolist()[:-1]
-        for k, (a, b) in enumerate(zip(prompt_starts, prompt_ends.tolist())):
-            decoder.add_marker(DURATION, position, seen)
-            decoder.add_span(prompt_ids[a:b], position + 1, seen, token=k)
-            position += 1 + len(prompt_ids[a:b])
-        decoder.add_marker(DURATION, position, seen)
-        position += 1
-        hidden = decoder.run()
-        duration = next_duration(hidden[-1], 0)
-        in_sequence = len(arrived)  # target text tokens already placed in the sequence
-        yield StreamStep(torch.zeros(0, dtype=torch.long), len(arrived), decoder.passes, duration)
-
-        # 2. one pass per target text token
-        speech_top_k, temperature = int(opts["speech_top_k"]), float(opts["temperature"])
-        previous: Tensor | None = None  # the codes of the span decoded last pass
-        previous_ids: list[int] = []  # the same as shared ids
-        n = 0
-        while True:
-            n += 1
-            wait_for(n + q)
-            if len(arrived) < n:
-                break
-            token = P + n - 1  # 0-based index, prompt included, of the text token spoken now
-            seen = P + len(arrived)
-            decoder.add_text([i + text_offset for i in arrived[in_sequence:]], P + in_sequence)
-            in_sequence = len(arrived)
-            if previous is not None:
-                # the last pass's masks and the D after them attended masks: replace them by the real
-                # tokens (and that D again), as every span before the masked one is in training
-                decoder.drop_last(len(previous_ids) + 1)
-                position -= len(previous_ids) + 1
-                decoder.add_span(previous_ids, position, seen, token=token - 1)
-                decoder.add_marker(DURATION, position + len(previous_ids), seen)
-                position += len(previous_ids) + 1
-            decoder.add_span([MASK] * duration, position, seen, token=token)
-            decoder.add_marker(DURATION, position + duration, seen)
-            position += duration + 1
-            hidden = decoder.run()
-            previous, previous_ids = torch.zeros(0, dtype=torch.long), []
-            if duration > 0:
-                previous = self._span_codes(hidden[len(hidden) - 1 - duration:len(hidden) - 1], generator,
-                                            speech_top_k, temperature)
-                previous_ids = [c + speech_offset for c in previous.tolist()]
-            duration = next_duration(hidden[-1], n)
-            yield StreamStep(previous, len(arrived), decoder.passes, duration)
+        item = _ItemStream(self, decoder, text, prompt_text, prompt_speech, generator, opts,
+                           prompt_ends=prompt_ends, text_ends=text_ends)
+        while item.prepare():
+            yield item.finish(decoder.run())
 
     def _span_codes(self, span_hidden: Tensor, generator: torch.Generator, top_k: int, temperature: float) -> Tensor:
         """Speech codes ``[n]`` of one span's hidden states: :meth:`_choose` over the head's logits
@@ -604,37 +596,160 @@ class SyncSpeech(Paradigm):
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
-        """The whole text at once through :meth:`stream` (which still consumes it token by token, as
-        the look-ahead dictates, so the tokens equal those of a live stream)."""
+        """The whole text at once, the batch of one of :meth:`generate_batch`."""
+        return self.generate_batch([request], [generator], **decoding)[0]
+
+    @torch.no_grad()
+    def generate_batch(self, requests: list[SynthesisRequest], generators: list[torch.Generator],
+                       **decoding: Any) -> list[Generation]:
+        """The streams of B requests (:meth:`stream`'s passes, each item's text still consumed token
+        by token as the look-ahead dictates, so the tokens equal those of a live stream), one
+        backbone pass for all of them each time (:class:`_BatchDecoder`): each item adds its own
+        positions, with its own durations, sampled from its own generator exactly as alone; an
+        item whose text is spoken rides along as padding until the longest text is. Timing fields
+        and ``forward_passes`` are the batch's (the papers' FPL and RTF are batch-1 figures:
+        measure those with :meth:`generate`); ``first_packet_passes`` is the item's own."""
+        if len(requests) != len(generators):
+            raise ValueError(f"{len(requests)} requests but {len(generators)} generators")
         opts = self.decoding_options(decoding)
-        prompt_ends = request.features.get("prompt_ends")
         start = time.perf_counter()
-        steps = self.stream(request.text.tolist(), request.prompt_text, request.prompt_speech, generator,
-                            prompt_ends=prompt_ends, text_ends=request.text_ends, **decoding)
-        first_step: list[StreamStep] = []
+        batch = _BatchDecoder(self, cached=bool(opts["cached"]), rows=len(requests))
+        items = [_ItemStream(self, row, request.text.tolist(), request.prompt_text, request.prompt_speech, generator,
+                             opts, prompt_ends=request.features.get("prompt_ends"), text_ends=request.text_ends)
+                 for row, request, generator in zip(batch.rows, requests, generators)]
+        steps: list[list[StreamStep]] = [[] for _ in items]
+        seconds = []  # after each pass, since the start
+        running = [item.prepare() for item in items]
+        while any(running):
+            hidden = batch.run()
+            seconds.append(time.perf_counter() - start)
+            for b, item in enumerate(items):
+                if running[b]:
+                    steps[b].append(item.finish(hidden[b]))
+                    running[b] = item.prepare()
+        return [self._generation(request, item_steps, seconds, batch.passes, opts)
+                for request, item_steps in zip(requests, steps)]
 
-        def noting_the_first(steps: Iterable[StreamStep]) -> Iterator[StreamStep]:
-            for step in steps:
-                if not first_step:
-                    first_step.append(step)
-                yield step
-
-        codes, first, first_seconds, last = [], None, 0.0, None
-        for chunk in speech_chunks(noting_the_first(steps), int(opts["chunk_size"])):
-            if first is None:
-                first, first_seconds = chunk, time.perf_counter() - start
-            codes.append(chunk.speech)
-            last = chunk
-        speech = torch.cat(codes) if codes else torch.zeros(0, dtype=torch.long)
+    def _generation(self, request: SynthesisRequest, steps: list[StreamStep], seconds: list[float], passes: int,
+                    opts: dict[str, Any]) -> Generation:
+        """One item's :class:`Generation` from its stream's steps: its spans regrouped into packets
+        of ``chunk_size`` (:func:`speech_chunks`), the first packet's passes, time and text read;
+        ``seconds[k]``: the time after pass ``k + 1``."""
+        chunks = list(speech_chunks(steps, int(opts["chunk_size"])))
+        speech = torch.cat([chunk.speech for chunk in chunks]) if chunks else torch.zeros(0, dtype=torch.long)
         info: dict[str, Any] = {
             "chunk_size": int(opts["chunk_size"]),
             "durations_from": "oracle" if request.text_ends is not None else "predicted",
-            "prompt_ends": "uniform" if prompt_ends is None else "aligned",
+            "prompt_ends": "uniform" if request.features.get("prompt_ends") is None else "aligned",
             "cached": bool(opts["cached"]),
         }
-        if first_step:  # the text tokens read before the first pass: Eq. 7's q + 1
-            info["text_tokens_to_start"] = first_step[0].text_tokens_read
+        if steps:  # the text tokens read before the first pass: Eq. 7's q + 1
+            info["text_tokens_to_start"] = steps[0].text_tokens_read
+        first = chunks[0] if chunks else None
         if first is not None:
-            info.update(text_tokens_waited=first.text_tokens_read, first_packet_seconds=first_seconds)
-        return Generation(speech, forward_passes=last.forward_passes if last else 0,
+            info.update(text_tokens_waited=first.text_tokens_read,
+                        first_packet_seconds=seconds[first.forward_passes - 1])
+        return Generation(speech, forward_passes=passes if steps else 0,
                           first_packet_passes=first.forward_passes if first else None, info=info)
+
+
+class _ItemStream:
+    """One item of text-synchronous decoding (the module docstring's steps 1 and 2): :meth:`prepare`
+    waits for the text the next pass needs and adds that pass's positions to the item's layout
+    (``decoder``); :meth:`finish` reads the pass's hidden states of those positions: the span's
+    speech codes and the next duration. Shared by :meth:`SyncSpeech.stream` (one item, its own
+    :class:`_Decoder`) and :meth:`SyncSpeech.generate_batch` (a row of a :class:`_BatchDecoder`),
+    so both take the same decisions."""
+
+    def __init__(self, model: SyncSpeech, decoder: _Decoder, text: Iterable[int], prompt_text: Tensor,
+                 prompt_speech: Tensor, generator: torch.Generator, opts: dict[str, Any], *,
+                 prompt_ends: Tensor | None = None, text_ends: Tensor | None = None):
+        self.model, self.decoder, self.generator, self.q = model, decoder, generator, model.q
+        self.prompt_text = torch.as_tensor(prompt_text).long().cpu()
+        self.prompt_speech = torch.as_tensor(prompt_speech).long().cpu()
+        self.P = P = len(self.prompt_text)
+        self.prompt_ends = (uniform_ends(P, len(self.prompt_speech)) if prompt_ends is None
+                            else check_ends(prompt_ends, P, len(self.prompt_speech), "prompt"))
+        self.given = None if text_ends is None else durations(text_ends).tolist()
+        self.duration_top_k, self.speech_top_k = int(opts["duration_top_k"]), int(opts["speech_top_k"])
+        self.temperature = float(opts["temperature"])
+        self.source, self.arrived, self.ended = iter(text), [], False
+        self.n = -1  # the pass prepared last: 0 is the first (duration only), n >= 1 speaks y_n
+        self.position = 0  # the next free stream position
+        self.in_sequence = 0  # target text tokens already placed in the sequence
+        self.duration = 0  # of the text token spoken next
+        self.previous_ids: list[int] | None = None  # the span decoded last pass, shared ids (None: none yet)
+
+    def wait_for(self, count: int) -> None:
+        while len(self.arrived) < count and not self.ended:
+            try:
+                self.arrived.append(int(next(self.source)))
+            except StopIteration:
+                self.ended = True
+
+    def next_duration(self, hidden_of_d: Tensor, index: int) -> int:
+        """Duration of target token ``index`` (0-based): the oracle's if given, else sampled."""
+        if self.given is not None:
+            return int(self.given[index]) if index < len(self.given) else 0
+        logits = self.model.duration_head(hidden_of_d)
+        return int(self.model._choose(logits, self.generator, self.duration_top_k, self.temperature))
+
+    def prepare(self) -> bool:
+        """Add the next pass's positions; False when the stream is over (no pass to run)."""
+        self.n += 1
+        decoder, vocab, P, arrived = self.decoder, self.model.vocab, self.P, self.arrived
+        text_offset, speech_offset = vocab.text_offset, vocab.speech_offset
+        if self.n == 0:  # 1. the first pass: once q + 1 text tokens are there, predict the first duration
+            self.wait_for(self.q + 1)
+            if not arrived:
+                return False
+            seen = P + len(arrived)
+            decoder.add_text([i + text_offset for i in self.prompt_text.tolist() + arrived], 0)
+            decoder.add_marker(END_OF_TEXT, 0, seen)
+            position = 1
+            prompt_ids = [c + speech_offset for c in self.prompt_speech.tolist()]
+            prompt_starts = [0] + self.prompt_ends.tolist()[:-1]
+            for k, (a, b) in enumerate(zip(prompt_starts, self.prompt_ends.tolist())):
+                decoder.add_marker(DURATION, position, seen)
+                decoder.add_span(prompt_ids[a:b], position + 1, seen, token=k)
+                position += 1 + len(prompt_ids[a:b])
+            decoder.add_marker(DURATION, position, seen)
+            self.position = position + 1
+            return True
+        # 2. one pass per target text token: wait for y_{n+q} (or the end of the text)
+        n = self.n
+        self.wait_for(n + self.q)
+        if len(arrived) < n:
+            return False
+        token = P + n - 1  # 0-based index, prompt included, of the text token spoken now
+        seen = P + len(arrived)
+        decoder.add_text([i + text_offset for i in arrived[self.in_sequence:]], P + self.in_sequence)
+        self.in_sequence = len(arrived)
+        position, previous_ids, duration = self.position, self.previous_ids, self.duration
+        if previous_ids is not None:
+            # the last pass's masks and the D after them attended masks: replace them by the real
+            # tokens (and that D again), as every span before the masked one is in training
+            decoder.drop_last(len(previous_ids) + 1)
+            position -= len(previous_ids) + 1
+            decoder.add_span(previous_ids, position, seen, token=token - 1)
+            decoder.add_marker(DURATION, position + len(previous_ids), seen)
+            position += len(previous_ids) + 1
+        decoder.add_span([MASK] * duration, position, seen, token=token)
+        decoder.add_marker(DURATION, position + duration, seen)
+        self.position = position + duration + 1
+        return True
+
+    def finish(self, hidden: Tensor) -> StreamStep:
+        """The prepared pass's result from ``hidden``, the hidden states of its positions."""
+        if self.n == 0:
+            self.duration = self.next_duration(hidden[-1], 0)
+            self.in_sequence = len(self.arrived)
+            return StreamStep(torch.zeros(0, dtype=torch.long), len(self.arrived), self.decoder.passes, self.duration)
+        previous, self.previous_ids = torch.zeros(0, dtype=torch.long), []
+        duration = self.duration
+        if duration > 0:
+            previous = self.model._span_codes(hidden[len(hidden) - 1 - duration:len(hidden) - 1], self.generator,
+                                              self.speech_top_k, self.temperature)
+            self.previous_ids = [c + self.model.vocab.speech_offset for c in previous.tolist()]
+        self.duration = self.next_duration(hidden[-1], self.n)
+        return StreamStep(previous, len(self.arrived), self.decoder.passes, self.duration)
