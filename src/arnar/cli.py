@@ -570,9 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-alignments", help="with --testlist: the aligner's JSONL of the prompts' split "
                    "(data/<profile>/align/<aligner>/test.jsonl); SyncSpeech's prompt a_n come from it, else uniform")
     p.add_argument("--batch-size", type=int, default=1,
-                   help="with --testlist: decode this many items per forward pass (paradigms with generate_batch: "
-                   "AR, NAR, DELTA's causal baseline); the same codes, but each record times the batch, so keep 1 for "
-                   "RTF and FPL (default 1)")
+                   help="with --testlist: decode this many items per forward pass (every paradigm's generate_batch); "
+                   "the same codes, but each record times the batch, so keep 1 for RTF and FPL (default 1)")
     p.add_argument("--text", help="one sentence to speak (instead of --testlist)")
     p.add_argument("--prompt-wav", help="prompt recording for --text")
     p.add_argument("--prompt-text", help="transcript of --prompt-wav")

@@ -60,6 +60,12 @@ it saw when it was computed (the paper's KV cache with inserted text implies thi
 speech token sees all ``L'`` text tokens). The uncached path (``cached=False``) recomputes the whole
 sequence every pass under the same positions and mask, so it must give the same tokens.
 
+Batched synthesis (:meth:`SyncSpeech.generate_batch`, test lists): B items' streams advance one pass
+together, each adding its own positions (its text, its spans, its durations) to its row of one
+table; rows are padded to the widest with padding columns, and the masks a pass drops become padding
+columns of the shared KV cache instead of being cropped (the cache's slots are shared by the rows),
+so every real position sees exactly what it sees alone. An item whose text is spoken rides along.
+
 Prompts: the prompt's speech is split into one ``D`` + span per prompt text token as in training
 (one block for the whole prompt would break the count of ``D``s the model uses to know where it is),
 at the prompt's own a_n when the caller has them (``request.features["prompt_ends"]``, which
