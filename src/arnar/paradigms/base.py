@@ -200,7 +200,9 @@ def right_padded(sequences: list[torch.Tensor], device: torch.device | str | Non
 def padded_attention(keys: torch.Tensor) -> torch.Tensor:
     """``[B, S, S]`` bidirectional attention over each item's real positions (``keys`` ``[B, S]``
     of :func:`right_padded`): no query attends a padding key, except a padding query itself (a row
-    with no key would be NaN). A real position's output is then that of the item decoded alone."""
+    with no key would be NaN). A real position's output is then that of the item decoded alone, up
+    to float rounding (kernels may sum in another order for another shape; bounded in
+    tests/test_decode_identical.py, where the decisions taken from it are the batch-1 ones)."""
     width = keys.shape[1]
     return keys[:, None, :] | torch.eye(width, dtype=torch.bool, device=keys.device)[None]
 
