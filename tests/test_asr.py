@@ -178,6 +178,25 @@ def test_moonshine_array_path_equals_the_wheel_wav_path(flite_wavs):
         assert ours.transcribe([audio], 16_000)[0] == theirs.transcribe_wav(str(path)).strip()
 
 
+def test_moonshine_worker_is_replaced_without_changing_the_texts(flite_wavs):
+    """The library keeps memory per call, so its process is replaced every recycle_every clips:
+    with a new process per clip the texts are those of one process for all, and the worker's
+    pid changes as it is recycled; a closed backend starts a new worker when asked again."""
+    audio = [sf.read(str(p), dtype="float32")[0] for p in flite_wavs]
+    one_process = load_asr("moonshine", recycle_every=len(audio))
+    texts = one_process.transcribe(audio, 16_000)
+    recycled = load_asr("moonshine", recycle_every=1)
+    pids = []
+    for clip, text in zip(audio, texts):
+        assert recycled.transcribe([clip], 16_000) == [text]
+        pids.append(recycled._worker.pid)
+    assert len(set(pids)) == len(audio)
+    recycled.close()
+    assert recycled._worker is None and recycled.transcribe(audio[:1], 16_000) == texts[:1]
+    with pytest.raises(ValueError, match="recycle_every"):
+        load_asr("moonshine", recycle_every=0)
+
+
 def test_split_at_pauses_hand_worked():
     # 800-sample frames on the hop grid in the last third of the first 8000-sample window:
     # [5600, 6400) (silent), [6400, 7200): the quietest is the first, cut at its middle, 6000

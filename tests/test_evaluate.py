@@ -157,3 +157,28 @@ def test_evaluate_system_with_offline_backends(tmp_path):
     rows = (tmp_path / "r.tsv").read_text().splitlines()
     assert len(rows) == 4 and rows[0].startswith("item_id\tspeaker")
     assert json.loads((tmp_path / "r.json").read_text()) == result
+
+
+def test_audit_per_speaker_keeps_the_first_utterances_of_each_speaker(test_cuts, tmp_path):
+    """Speaker a has 4 utterances and b has 2: a cap of 3 audits a0-a2 and b0-b1 (5), a cap of 1
+    audits a0 and b0; the cap is recorded. The TSV's ids show which files were read."""
+    from arnar.evaluate.run import ground_truth_audit
+    from arnar.evaluate.similarity import load_speaker_encoder
+
+    class FixedTextAsr:  # the cap is under test, not the recognizer
+        name, model_id = "echo", "echo"
+
+        def transcribe(self, audio, sample_rate):
+            return ["word one two three" for _ in audio]
+
+    encoder = load_speaker_encoder("resemblyzer")
+    for cap, expected in [(3, ["a0", "a1", "a2", "b0", "b1"]), (1, ["a0", "b0"])]:
+        result = ground_truth_audit(cuts_paths=[test_cuts], voices={}, asr_backends={"echo": FixedTextAsr()},
+                                    speaker_encoder=encoder, out_json=tmp_path / f"{cap}.json",
+                                    out_tsv=tmp_path / f"{cap}.tsv", per_speaker=cap)
+        ids = [row.split("\t")[0] for row in (tmp_path / f"{cap}.tsv").read_text().splitlines()[1:]]
+        assert ids == expected
+        assert result["utterances"] == len(expected) and result["per_speaker"] == cap
+    with pytest.raises(ValueError, match="per_speaker"):
+        ground_truth_audit(cuts_paths=[test_cuts], voices={}, asr_backends={}, speaker_encoder=encoder,
+                           out_json=tmp_path / "x.json", out_tsv=tmp_path / "x.tsv", per_speaker=0)

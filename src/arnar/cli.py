@@ -198,6 +198,7 @@ def cmd_audit(args: argparse.Namespace) -> None:
     result = ground_truth_audit(
         cuts_paths=[Path(p) for p in args.cuts], voices=read_voices(Path(args.corpus)),
         asr_backends=asr, speaker_encoder=encoder, out_json=Path(args.out_json), out_tsv=Path(args.out_tsv),
+        per_speaker=args.per_speaker,
     )
     log.info("audit: %d utterances, %s", result["utterances"],
              {k: round(v["overall"]["wer_corpus"], 2) for k, v in result["asr"].items()})
@@ -636,6 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("audit", help="ground-truth audit: per-voice WER, same/different-speaker SIM")
     p.add_argument("--cuts", action="append", required=True)
     p.add_argument("--corpus", required=True, help="corpus folder (its speakers.tsv gives voices)")
+    p.add_argument("--per-speaker", type=int, default=None,
+                   help="audit only the first N utterances (by id) of each speaker (default: all)")
     add_backends(p)
     p.add_argument("--out-json", required=True)
     p.add_argument("--out-tsv", required=True)

@@ -144,6 +144,7 @@ rule ground_truth_audit:
         cuts=lambda wildcards, input: " ".join(f"--cuts {c}" for c in input.cuts),
         asr=ASR_ARGS,
         sim=EVAL["sim"],
+        per_speaker=(f"--per-speaker {EVAL['audit_per_speaker']}" if EVAL.get("audit_per_speaker") else ""),
     resources:
         gpu=EVAL_GPUS,
     log:
@@ -151,7 +152,7 @@ rule ground_truth_audit:
     conda:
         CORE_ENV
     shell:
-        "arnar audit {params.cuts} --corpus {input.corpus} {params.asr} --sim {params.sim}"
+        "arnar audit {params.cuts} --corpus {input.corpus} {params.asr} --sim {params.sim} {params.per_speaker}"
         " --out-json {output.json} --out-tsv {output.tsv} 2> {log}"
 
 
