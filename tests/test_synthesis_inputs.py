@@ -420,22 +420,18 @@ def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp
         sf.write(str(prompts / f"{item_id}.wav"), built["prompt"], built["rate"], subtype="FLOAT")
     testlist = tmp_path / "list.tsv"
     testlist.write_text(to_tsv(items))
-    synthesize_testlist(synth, testlist, prompts, tmp_path / "one", seed=5, progress=False)
-    synthesize_testlist(synth, testlist, prompts, tmp_path / "three", seed=5, progress=False, batch_size=3)
-    for item in items:
-        one, _ = sf.read(str(tmp_path / "one" / f"{item.item_id}.wav"))
-        three, _ = sf.read(str(tmp_path / "three" / f"{item.item_id}.wav"))
-        assert np.array_equal(one, three), item.item_id
-    records = [json.loads(line) for line in (tmp_path / "three" / "timing.jsonl").read_text().splitlines()]
-    assert [r["batch_size"] for r in records] == [3, 3, 3, 1]
-    assert "batch_size" not in (tmp_path / "one" / "timing.jsonl").read_text()
     sync = Synthesizer(built["syncspeech"], codec="offline", codec_model=str(built["codec"]), bpe_model=built["bpe"])
-    synthesize_testlist(sync, testlist, prompts, tmp_path / "sync_one", seed=5, progress=False)
-    synthesize_testlist(sync, testlist, prompts, tmp_path / "sync_two", seed=5, progress=False, batch_size=2)
-    for item in items:
-        one, _ = sf.read(str(tmp_path / "sync_one" / f"{item.item_id}.wav"))
-        two, _ = sf.read(str(tmp_path / "sync_two" / f"{item.item_id}.wav"))
-        assert np.array_equal(one, two), item.item_id
+    for name, model, batch_size in [("ar", synth, 3), ("sync", sync, 2)]:
+        synthesize_testlist(model, testlist, prompts, tmp_path / f"{name}_one", seed=5, progress=False)
+        synthesize_testlist(model, testlist, prompts, tmp_path / f"{name}_batch", seed=5, progress=False,
+                            batch_size=batch_size)
+        for item in items:
+            one, _ = sf.read(str(tmp_path / f"{name}_one" / f"{item.item_id}.wav"))
+            batched, _ = sf.read(str(tmp_path / f"{name}_batch" / f"{item.item_id}.wav"))
+            assert np.array_equal(one, batched), (name, item.item_id)
+    records = [json.loads(line) for line in (tmp_path / "ar_batch" / "timing.jsonl").read_text().splitlines()]
+    assert [r["batch_size"] for r in records] == [3, 3, 3, 1]
+    assert "batch_size" not in (tmp_path / "ar_one" / "timing.jsonl").read_text()
     sync.model.generate_batch = None  # a paradigm without batched decoding (every one in src has it now)
     with pytest.raises(SynthesisInputError) as err:
         synthesize_testlist(sync, testlist, prompts, tmp_path / "sync", seed=5, progress=False, batch_size=2)
