@@ -9,6 +9,7 @@ from arnar.report import (
     Layout,
     Stat,
     ablation_tables,
+    budget_note,
     claims_section,
     comparison_table,
     judge,
@@ -61,6 +62,26 @@ def test_comparison_rows_show_mean_and_spread_over_seeds():
         in table
     assert "mean ± standard deviation over 3 synthesis seeds" in table
     assert "ar_seed2" not in table
+
+
+def test_budget_note_sums_each_systems_lineage_and_flags_unequal_budgets():
+    """DELTA's weights come from AR's 300 updates and its own 200: 500, against AR's 300, 1.67x;
+    tokens seen add up the same way; rows without a run (references) or a summary are left out."""
+    summaries = {"ar": {"steps": 300, "tokens_seen": 600_000}, "delta": {"steps": 200, "tokens_seen": 400_000},
+                 "nar": {"steps": 300}}
+    layout = Layout(references=["ground_truth"], comparison={}, runs={"ar": "ar", "delta": "delta", "nar": "nar",
+                                                                       "cod": "cod"},
+                    lineages={"ar": ["ar"], "delta": ["ar", "delta"], "nar": ["nar"], "cod": ["cod"]})
+    note = budget_note(["ground_truth", "ar", "delta", "nar", "cod"], layout, summaries)
+    assert "`ar` 300, 0.60M tokens; `delta` 500 (`ar` 300 + `delta` 200), 1.00M tokens; `nar` 300." in note
+    assert "ground_truth" not in note and "`cod`" not in note
+    assert "Budgets are not equal: 300 to 500 updates (1.67x)" in note
+    assert budget_note(["ar", "nar"], layout, summaries).endswith("Every row trained for 300 updates.")
+    assert budget_note(["ground_truth"], layout, summaries) == ""
+    results = {"ar": both(wer=10.0), "delta": both(wer=9.0)}
+    table = comparison_table(results, Layout(references=[], comparison={"ar": ["ar"], "delta": ["delta"]},
+                                             runs=layout.runs, lineages=layout.lineages), None, summaries)
+    assert table.count("Budgets are not equal: 300 to 500 updates (1.67x)") == 2  # under both task tables
 
 
 def test_claims_are_judged_per_task_against_the_seed_spread():

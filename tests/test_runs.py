@@ -31,6 +31,11 @@ def test_smoke_registry_chains_and_systems():
                                               "overrides": ["paradigm.options.q=2"]}
     assert registry.run_base["cod_paper"] == "cod" and registry.run_base["cod_ind"] == "cod"
     assert set(COARSE_KINDS) <= set(registry.runs) and "cod_table5" in ABLATIONS and "cod" in SYSTEMS_OF
+    # a system's weights come from its run and every run that one starts from or loads
+    assert registry.lineage("ar") == ["ar"]
+    assert registry.lineage("syncspeech") == ["syncspeech_pretrain", "syncspeech"]
+    assert registry.lineage("delta") == ["ar", "delta"]
+    assert registry.lineage("palle") == ["palle_stage1", "palle"]
 
 
 def test_a_grid_of_an_unlisted_paradigm_is_refused():

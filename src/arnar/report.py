@@ -55,6 +55,7 @@ class Layout:
     ablations: list[str] = field(default_factory=list)
     runs: dict[str, str] = field(default_factory=dict)
     tasks: dict[str, list[str]] = field(default_factory=dict)
+    lineages: dict[str, list[str]] = field(default_factory=dict)  # run -> the runs its weights come from, it last
 
     @classmethod
     def plain(cls, systems: Sequence[str]) -> "Layout":
@@ -131,7 +132,8 @@ ROW_NOTES = [
 
 
 def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None = None,
-                     parameters: dict[str, float] | None = None) -> str:
+                     parameters: dict[str, float] | None = None,
+                     summaries: dict[str, dict] | None = None) -> str:
     """One Markdown table per task in the columns of palle.txt Table 3: reference rows, then every
     paradigm's system with mean ± standard deviation over its synthesis seeds."""
     layout = layout or Layout.plain(list(results))
@@ -180,10 +182,55 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
         present = {s for s, _ in rows}
         notes = ["; ".join(f"`{s}`: {text}" for s, text in group.items()) + "."
                  for group in ROW_NOTES if set(group) <= present]
+        budget = budget_note([s for s, _ in rows], layout, summaries or {})
         lines += ["", f"{first['items']} items. ASR {models}; SIM {first['sim']['backend']} "
                       f"({first['sim']['model']}), {first['sim']['reference']}.{seeds_note}",
-                  *([""] + notes if notes else []), ""]
+                  *([""] + notes if notes else []), *(["", budget] if budget else []), ""]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A system's training: updates and tokens seen, summed over the runs its weights come from."""
+
+    updates: int
+    tokens: float | None  # None where a summary predates tokens_seen
+    parts: tuple[tuple[str, int], ...]  # (run, updates) in training order
+
+
+def system_budget(system: str, layout: Layout, summaries: dict[str, dict]) -> Budget | None:
+    """The training budget of an evaluated system (None for reference rows or missing summaries)."""
+    run = layout.runs.get(system)
+    if run is None:
+        return None
+    lineage = layout.lineages.get(run, [run])
+    if any(r not in summaries for r in lineage):
+        return None
+    tokens = [summaries[r].get("tokens_seen") for r in lineage]
+    return Budget(updates=sum(int(summaries[r]["steps"]) for r in lineage),
+                  tokens=None if None in tokens else float(sum(tokens)),
+                  parts=tuple((r, int(summaries[r]["steps"])) for r in lineage))
+
+
+def budget_note(systems: Sequence[str], layout: Layout, summaries: dict[str, dict]) -> str:
+    """The caption line that states every row's training budget and says whether they are equal
+    (a table compares recipes fairly only at one budget; issue 21): updates summed over the runs
+    each system's weights come from, tokens seen in those updates (the batch is in tokens)."""
+    budgets = {s: b for s in systems if (b := system_budget(s, layout, summaries)) is not None}
+    if not budgets:
+        return ""
+
+    def one(system: str, b: Budget) -> str:
+        chain = "" if len(b.parts) == 1 else " (" + " + ".join(f"`{r}` {n}" for r, n in b.parts) + ")"
+        tokens = "" if b.tokens is None else f", {b.tokens / 1e6:.2f}M tokens"
+        return f"`{system}` {b.updates}{chain}{tokens}"
+
+    low, high = min(b.updates for b in budgets.values()), max(b.updates for b in budgets.values())
+    verdict = (f"Every row trained for {low} updates." if low == high else
+               f"Budgets are not equal: {low} to {high} updates ({high / low:.2f}x); a row with more updates "
+               "had more training, not only a different recipe.")
+    return ("Training budget (updates summed over the runs each system's weights come from; tokens seen): "
+            + "; ".join(one(s, b) for s, b in budgets.items()) + ". " + verdict)
 
 
 def judge_fingerprint(asr_result: dict) -> str:
@@ -293,20 +340,26 @@ def seed_spread_note(results: dict, layout: Layout, system: str) -> str:
             f"{', '.join(parts)} (standard deviation): a smaller difference is a tie.")
 
 
-def ablation_tables(results: dict[str, dict[str, dict]], layout: Layout | None = None) -> str:
+def ablation_tables(results: dict[str, dict[str, dict]], layout: Layout | None = None,
+                    summaries: dict[str, dict] | None = None) -> str:
     """The named ablations and every grid axis, each in its paper's table shape."""
     layout = layout or Layout.plain(list(results))
     parts = []
+
+    def notes(systems: list[str], base: str) -> str:
+        return " ".join(n for n in (seed_spread_note(results, layout, base),
+                                    budget_note(systems, layout, summaries or {})) if n)
+
     for key, title, source, setting, rows in ABLATION_TABLES:
         if (key is None or key in layout.ablations) and all(s in results for s, _ in rows):
             parts.append(_setting_table(title, source, setting, rows, results,
-                                        seed_spread_note(results, layout, rows[0][0])))
+                                        notes([s for s, _ in rows], rows[0][0])))
     for axis, values in layout.grids.items():
         grid = GRIDS[axis]
         rows = [(system, value_name(value)) for value, system in grid_rows(axis, values)]
         if all(s in results for s, _ in rows):
             parts.append(_setting_table(grid.title, grid.source, grid.label, rows, results,
-                                        seed_spread_note(results, layout, grid.base)))
+                                        notes([s for s, _ in rows], grid.base)))
     return "\n".join(parts)
 
 
@@ -704,6 +757,13 @@ def build_html(*, profile: str, tables_md: str, audit_md: str, samples: dict, pl
     return "\n".join(parts) + "\n"
 
 
+def run_summaries(train_dir: Path | None) -> dict[str, dict]:
+    """The engine's summary of every run (``<train_dir>/<run>.json``)."""
+    if train_dir is None:
+        return {}
+    return {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in train_dir.glob("*.json")}
+
+
 def run_parameters(train_dir: Path | None) -> dict[str, float]:
     """Trained parameters of every run (the engine's summaries), for the comparison's Params column."""
     if train_dir is None:
@@ -717,8 +777,10 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
     layout = Layout(**layout) if layout else Layout.plain(systems)
     results = load_results(eval_dir, systems, layout)
     audit = json.loads((eval_dir / "ground_truth_audit.json").read_text(encoding="utf-8"))
-    tables_md = comparison_table(results, layout, run_parameters(train_dir))
-    for extra in (voice_group_table(results, layout), claims_section(results, layout), ablation_tables(results, layout),
+    summaries = run_summaries(train_dir)
+    tables_md = comparison_table(results, layout, run_parameters(train_dir), summaries)
+    for extra in (voice_group_table(results, layout), claims_section(results, layout),
+                  ablation_tables(results, layout, summaries),
                   training_table(train_dir, systems)):
         if extra:
             tables_md = f"{tables_md}\n{extra}"

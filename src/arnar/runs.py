@@ -118,6 +118,15 @@ class Registry:
         spec = self.runs[run]
         return ([spec["init_from"]] if "init_from" in spec else []) + spec.get("reads", [])
 
+    def lineage(self, run: str) -> list[str]:
+        """Every run whose training ``run``'s weights come from (what it starts from or loads, and
+        theirs, transitively), each after the runs it needs, ``run`` last: a system's training budget
+        is the sum over its lineage (DELTA converts its AR run; PALLE's stage two reads stage one)."""
+        out: list[str] = []
+        for needed in self.runs_needed(run):
+            out += [r for r in self.lineage(needed) if r not in out]
+        return out + [run]
+
     def all_runs(self) -> list[str]:
         """Every run the evaluated systems need, each after the runs it needs... in first-seen order."""
         runs: list[str] = []

@@ -49,7 +49,8 @@ def report_layout(references):
     systems with their seed replicas, the grids' values and each system's training run."""
     layout = {"references": references, "comparison": SEEDS_OF, "grids": TRAIN["grids"],
               "ablations": TRAIN["ablations"], "runs": {s: run for s, (run, _) in PARADIGM_SYSTEMS.items()},
-              "tasks": SYSTEM_TASKS}
+              "tasks": SYSTEM_TASKS,
+              "lineages": {run: REGISTRY.lineage(run) for run, _ in PARADIGM_SYSTEMS.values()}}
     return json.dumps(layout, sort_keys=True)
 
 
