@@ -242,8 +242,12 @@ class ForwardTimer:
     With CUDA every boundary synchronises, so the time is that of the kernels, not of launching
     them."""
 
-    def __init__(self, sync: Callable[[], None]):
+    def __init__(self, sync: Callable[[], None], on_enter: Callable[[], None] | None = None,
+                 on_exit: Callable[[], None] | None = None):
         self.sync = sync
+        # called as the outermost timed call starts / after it ends (the breakdown pauses its
+        # profiler there, so that it sees only the loop's own work)
+        self.on_enter, self.on_exit = on_enter, on_exit
         self.seconds = 0.0
         self._depth = 0
         self._started = 0.0
@@ -256,6 +260,8 @@ class ForwardTimer:
 
     def _enter(self) -> None:
         if self._depth == 0:
+            if self.on_enter is not None:
+                self.on_enter()
             self.sync()
             self._started = time.perf_counter()
         self._depth += 1
@@ -265,6 +271,8 @@ class ForwardTimer:
         if self._depth == 0:
             self.sync()
             self.seconds += time.perf_counter() - self._started
+            if self.on_exit is not None:
+                self.on_exit()
 
     def attach(self, model: torch.nn.Module, paths: tuple[str, ...]) -> ForwardTimer:
         for path in paths:
@@ -329,6 +337,55 @@ def decode_once(setup: Setup, request: SynthesisRequest, seed: int, sync: Callab
     if timer is not None:
         record["forward_seconds"] = timer.seconds
     return record
+
+
+def overhead_breakdown(setup: Setup, request: SynthesisRequest, seed: int, sync: Callable[[], None],
+                       top: int = 6) -> dict[str, Any]:
+    """Where a ``generate`` call's time outside the network goes: cProfile runs during the call and
+    is paused inside every network call (:data:`NETWORK_CALLS`), so its self times are the loop's
+    own work (sampling, masks, bookkeeping). Returns the profiled overhead seconds and the ``top``
+    functions by self time with their share of it (cProfile's own cost inflates Python-level
+    entries, so read the shares, not the seconds, against the uninstrumented figures)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    timer = ForwardTimer(sync, on_enter=profiler.disable, on_exit=profiler.enable).attach(
+        setup.model, NETWORK_CALLS[setup.name])
+    generator = torch.Generator().manual_seed(seed)
+    try:
+        profiler.enable()
+        with autocast(setup):
+            setup.model.generate(request, generator, **setup.decoding)
+        profiler.disable()
+    finally:
+        timer.detach()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, _, self time, cumulative, callers)
+    rows = [(label_function(key), value[2], value[0]) for key, value in stats.items()]
+    rows = [r for r in rows if r[0] != "cProfile.Profile.disable"]  # the pause itself
+    total = sum(seconds for _, seconds, _ in rows)
+    rows.sort(key=lambda r: -r[1])
+    return {"overhead_seconds": total, "top": [{"function": name, "seconds": seconds, "calls": calls,
+                                                "share": seconds / total if total else 0.0}
+                                               for name, seconds, calls in rows[:top]]}
+
+
+def label_function(key: tuple[str, int, str]) -> str:
+    """``sampling.py:sample_token`` for Python functions, the builtin's own name otherwise."""
+    path, _, name = key
+    if path == "~":  # a builtin: cProfile's name is "<built-in method torch.tensor>" or "<method 'x' of 'y'>"
+        return name.strip("<>").replace("built-in method ", "").replace("method ", "")
+    return f"{Path(path).name}:{name}"
+
+
+def breakdown_section(breakdowns: dict[str, dict[str, Any]], seconds: float) -> str:
+    """Markdown: per paradigm, the functions that take the loop overhead, with their shares."""
+    lines = [f"### Where the loop overhead goes ({seconds:g} s, cProfile paused inside the network calls)", "",
+             "| paradigm | profiled overhead s | functions by self time (share of the overhead) |", "|---|---:|---|"]
+    for name, b in breakdowns.items():
+        cells = "; ".join(f"`{t['function']}` {t['share']:.0%} ({t['calls']} calls)" for t in b["top"])
+        lines.append(f"| `{name}` | {b['overhead_seconds']:.3f} | {cells} |")
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -564,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--section", default="decode_speed",
                         help="marker name of the Markdown section (<!-- NAME --> ... <!-- /NAME -->)")
     parser.add_argument("--plot", default="results/bench/decode_scaling.png", help="'' to skip")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also profile where each paradigm's loop overhead goes (longest length)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -580,8 +639,21 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    section = markdown_section(result, command.strip())
+    if args.breakdown:
+        longest = max(args.seconds)
+        setups = build_setups(list(args.paradigms), args.model, torch.device(args.device),
+                              parse_decoding(args.decoding), args.precision)
+        requests = make_requests(longest, setups, seed=args.seed + int(round(longest * 1000)))
+        sync = synchronizer(torch.device(args.device))
+        breakdowns = {name: overhead_breakdown(setup, requests[name], args.seed, sync) for name, setup in setups.items()}
+        result["breakdown"] = {"audio_seconds": longest, "paradigms": breakdowns}
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        table = breakdown_section(breakdowns, longest)
+        print(table)
+        section = section.rstrip("\n") + "\n\n" + table
     if args.markdown:
-        replace_section(Path(args.markdown), args.section, markdown_section(result, command.strip()))
+        replace_section(Path(args.markdown), args.section, section)
     if args.plot:
         plot_scaling(result, Path(args.plot))
     return 0

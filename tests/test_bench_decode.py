@@ -41,7 +41,7 @@ def run(tmp_path_factory):
     markdown.write_text("# Benchmarks\n\n<!-- other -->\nkept\n<!-- /other -->\n")
     overrides = [f"{name}.{key}={value}" for name, options in DECODING.items() for key, value in options.items()]
     argv = ["--model", "tiny", "--seconds", *map(str, SECONDS), "--repeats", "1",
-            "--threads", str(torch.get_num_threads()), "--quiet", "--decoding", *overrides,
+            "--threads", str(torch.get_num_threads()), "--quiet", "--breakdown", "--decoding", *overrides,
             "--out", str(out / "speed.json"), "--markdown", str(markdown), "--plot", str(out / "scaling.png")]
     assert ds.main(argv) == 0
     return json.loads((out / "speed.json").read_text()), out
@@ -190,6 +190,40 @@ def test_forward_timer_counts_nested_calls_once_and_detaches():
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in root.modules())
     root.outer(torch.zeros(1))
     assert timer.seconds < 0.18  # detached: nothing more is added
+
+
+def test_overhead_breakdown_sees_only_the_loop_outside_the_network(run):
+    """The profiler pauses inside the network calls: no backbone or attention function is among a
+    paradigm's overhead entries, the shares are of the profiled overhead (at most 1 in all), and
+    AR's sampling step is part of what it finds."""
+    result, out = run
+    breakdown = result["breakdown"]
+    assert breakdown["audio_seconds"] == max(SECONDS)
+    assert set(breakdown["paradigms"]) == set(result["config"]["paradigms"])
+    for name, b in breakdown["paradigms"].items():
+        assert b["overhead_seconds"] > 0 and b["top"], name
+        assert sum(t["share"] for t in b["top"]) <= 1.0 + 1e-9
+        for entry in b["top"]:
+            assert not any(word in entry["function"] for word in ("transformer.py", "scaled_dot_product")), (name, entry)
+    ar_functions = " ".join(t["function"] for t in breakdown["paradigms"]["ar"]["top"])
+    assert "sampling.py" in ar_functions or "ar.py" in ar_functions, ar_functions
+    table = ds.breakdown_section(breakdown["paradigms"], breakdown["audio_seconds"])
+    assert table.startswith("### Where the loop overhead goes (2 s") and table.count("\n| `") == len(breakdown["paradigms"])
+
+
+def test_breakdown_labels_and_the_timers_pause_callbacks():
+    assert ds.label_function(("/x/arnar/decode/sampling.py", 10, "sample_token")) == "sampling.py:sample_token"
+    assert ds.label_function(("~", 0, "<built-in method torch.tensor>")) == "torch.tensor"
+    assert ds.label_function(("~", 0, "<method 'item' of 'torch._C.TensorBase' objects>")) == \
+        "'item' of 'torch._C.TensorBase' objects"
+    events = []
+    root = torch.nn.Module()
+    root.outer = Sleeper(0.0, Sleeper(0.0))
+    timer = ds.ForwardTimer(lambda: None, on_enter=lambda: events.append("pause"),
+                            on_exit=lambda: events.append("resume")).attach(root, ("outer", "outer.child"))
+    root.outer(torch.zeros(1))  # nested: one pause and one resume around the outer call only
+    timer.detach()
+    assert events == ["pause", "resume"]
 
 
 @pytest.mark.parametrize("size", ["tiny", "paper"])
