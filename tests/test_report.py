@@ -108,6 +108,10 @@ def test_grid_names_follow_the_axis_and_default():
     assert grid_system(GRIDS["syncspeech_q"], 2) == "syncspeech_q2"
     # the duration multiplier scales the ground-truth duration: even 1.0 is its own system
     assert grid_system(GRIDS["palle_duration"], 1.0) == "palle_dur1.0"
+    # PALLE's refinement rule: the paper's (palle.py's default) is the palle row, the earlier rule its own system
+    assert grid_rows("palle_refine_rule", ["rescore", "stage_one_confidence"]) == [
+        ("rescore", "palle"), ("stage_one_confidence", "palle_refine_stage_one_confidence")]
+    assert GRIDS["palle_refine_rule"].decoding == "refine_rule" and not GRIDS["palle_refine_rule"].training
     assert GRIDS["syncspeech_q"].training and not GRIDS["delta_mu"].training
     with pytest.raises(ValueError, match="training.grids.cod_levels: values must be among"):
         check_grid_values("cod_levels", [4])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arnar.paradigms.cod import DECODING as COD_DECODING
+from arnar.paradigms.palle import DECODING as PALLE_DECODING
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,13 @@ GRIDS = {g.name: g for g in [
          "PALLE: stage-one inference steps", "s1steps", decoding="steps", plot=True),
     Grid("palle_stage2_steps", "palle", "palle", 7, "Stage-two steps", "palle.txt Fig. 4 (c, d)",
          "PALLE: stage-two inference steps", "s2steps", decoding="refine_steps", plot=True),
+    # palle.txt Eqs. 15-16: every refinement step the stage-two network scores the current sequence
+    # ("rescore", the default, read from palle.py) against the project's earlier rule, which walked
+    # the frames stage one committed with the least confidence (issue 22 item 1: before / after)
+    Grid("palle_refine_rule", "palle", "palle", PALLE_DECODING["refine_rule"], "Refinement rule",
+         "palle.txt Eqs. 15-16", "PALLE: stage-two refinement rule (rescore: stage two scores the current "
+         "sequence each step; stage_one_confidence: stage one's confidences, fixed in advance)", "refine_",
+         decoding="refine_rule"),
     # Fig. 5 scales the ground-truth duration, so every value (1.0 included) decodes with it
     Grid("palle_duration", "palle", "palle", 1.0, "Duration multiplier", "palle.txt Fig. 5",
          "PALLE: total duration multiplier (x ground-truth duration)", "dur", decoding="duration_multiplier",
