@@ -55,6 +55,20 @@ def output_frames(n_samples: int) -> int:
     return int(np.floor(np.floor(np.floor(n_samples / 64 - 127 / 64) / 3) / 2)) - 1
 
 
+def cpu_session_options(threads: int):
+    """onnxruntime options for a CPU session of ``threads`` intra-op threads that does not spin."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, int(threads))
+    options.inter_op_num_threads = 1
+    # no busy-waiting between ops: on a few cores shared with training jobs a spinning pool
+    # burns the cycles the other jobs need (onnxruntime spins by default)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    return options
+
+
 class MoonshineFrontend:
     """Moonshine base-en's encoder under onnxruntime, ``threads`` intra-op threads."""
 
@@ -67,14 +81,7 @@ class MoonshineFrontend:
             import onnxruntime as ort
         except ImportError as err:
             raise FrontendError("the Moonshine front end needs the onnxruntime package") from err
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = max(1, int(threads))
-        options.inter_op_num_threads = 1
-        # no busy-waiting between ops: on a few cores shared with training jobs a spinning pool
-        # burns the cycles the other jobs need (onnxruntime spins by default)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(str(path), cpu_session_options(threads), providers=["CPUExecutionProvider"])
         self.model_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
         width = self._session.get_outputs()[0].shape[-1]
         self.dim = int(width) if isinstance(width, int) else DIM

@@ -70,21 +70,18 @@ class MoonshineOnnx:
     def __init__(self, folder: str | Path, *, threads: int = 1):
         import onnxruntime as ort
 
+        from arnar.codec.moonshine_frontend import cpu_session_options
+
         folder = Path(folder)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = max(1, int(threads))
-        options.inter_op_num_threads = 1
-        # no busy-waiting between ops: on 2 cores a spinning pool takes what other jobs need
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        providers = ["CPUExecutionProvider"]
+        options, providers = cpu_session_options(threads), ["CPUExecutionProvider"]
         self.encoder = ort.InferenceSession(str(folder / ENCODER_FILE), options, providers=providers)
         self.decoder = ort.InferenceSession(str(folder / DECODER_FILE), options, providers=providers)
         self.pieces = read_tokenizer(folder / TOKENIZER_FILE)
-        self.cache_names = [i.name for i in self.decoder.get_inputs() if i.name.startswith("past_key_values.")]
-        if not self.cache_names:
+        caches = [i for i in self.decoder.get_inputs() if i.name.startswith("past_key_values.")]
+        if not caches:
             raise ValueError(f"{folder / DECODER_FILE}: no past_key_values inputs (not a merged decoder)")
-        heads, head_dim = self.decoder.get_inputs()[2].shape[1], self.decoder.get_inputs()[2].shape[3]
+        self.cache_names = [i.name for i in caches]
+        heads, head_dim = caches[0].shape[1], caches[0].shape[3]
         self.empty_cache = np.zeros((1, int(heads), 0, int(head_dim)), dtype=np.float32)
         self.output_names = [o.name for o in self.decoder.get_outputs()]
 
