@@ -101,6 +101,32 @@ def test_claims_are_judged_per_task_against_the_seed_spread():
     assert "SyncSpeech" not in text  # claims whose systems did not run are left out
 
 
+def test_a_wer_claim_between_two_systems_that_do_not_speak_is_not_judged():
+    """The bar: WER <= 2x the ceiling row of the system's own decoding path. Single-stream ceiling
+    30 % (bar 60 %), CoD's first-quantizer ceiling 60 % (bar 120 %)."""
+    results = {"resynth_offline": both(wer=30.0), "resynth_offline_rvq_q1": both(wer=60.0),
+               "ar": both(wer=99.0, rtf=0.03), "palle_stage1": both(wer=170.0, rtf=0.3),
+               "nar": both(wer=55.0), "cod": both(wer=110.0), "cod_l1": both(wer=130.0)}
+    ceilings = {"ar": "resynth_offline", "palle_stage1": "resynth_offline", "nar": "resynth_offline",
+                "cod": "resynth_offline_rvq_q1", "cod_l1": "resynth_offline_rvq_q1"}
+    layout = Layout(references=["resynth_offline", "resynth_offline_rvq_q1"],
+                    comparison={s: [s] for s in ("ar", "palle_stage1", "nar", "cod")}, ceilings=ceilings)
+    text = claims_section(results, layout)
+    rows = [line.split(" | ") for line in text.splitlines() if line.count(" | ") >= 6]
+    lines = {f"{cells[0]} | {cells[2]}": " | ".join(cells) for cells in rows}
+    # AR 99 > 60 and PALLE 170 > 60: babble against babble
+    assert lines["| PAR beats AR on WER | Continuation"].endswith("| **neither speaks** |")
+    # NAR 55 <= 60 speaks: PALLE's loss to it is a real one
+    assert lines["| PAR beats NAR on WER | Cross-sentence"].endswith("| **reversed** |")
+    # CoD 110 <= 120 speaks on its own ceiling, its one-level variant 130 does not: judged
+    assert lines["| Three temporal levels beat one | Cross-sentence"].endswith("| **reproduced** |")
+    # speed claims are judged whatever the WER
+    assert lines["| PAR is faster than AR (token-stage RTF) | Continuation"].endswith("| **reversed** |")
+    assert "neither speaks 2" in text
+    # without ceilings (a plain layout) every claim is judged as before
+    assert "**neither speaks**" not in claims_section(results, Layout(references=[], comparison=layout.comparison))
+
+
 def test_grid_names_follow_the_axis_and_default():
     assert grid_rows("delta_steps", [4, 8, 16]) == [(4, "delta_steps4"), (8, "delta_steps8"), (16, "delta")]
     assert grid_rows("cod_levels", [1, 2, 3]) == [(1, "cod_l1"), (2, "cod_l2"), (3, "cod")]

@@ -56,6 +56,9 @@ class Layout:
     runs: dict[str, str] = field(default_factory=dict)
     tasks: dict[str, list[str]] = field(default_factory=dict)
     lineages: dict[str, list[str]] = field(default_factory=dict)  # run -> the runs its weights come from, it last
+    # system -> the reference row of its own decoding path (the codec resynthesis of the tokens it
+    # models: the single stream, or the stack's first quantizer for CoD), its intelligibility ceiling
+    ceilings: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def plain(cls, systems: Sequence[str]) -> "Layout":
@@ -401,6 +404,20 @@ CLAIMS = [
     Claim("The convolution branch lowers DELTA's WER", "delta_tts.txt Table 5", "delta", "delta_noconv"),
 ]
 LOWER_IS_BETTER = {"wer": True, "rtf": True, "fpl_l": True, "sim": False, "passes": True}
+# A system "speaks" a task when its WER is at most this many times its own ceiling row's (issue 21's
+# bar). A WER claim between two systems neither of which speaks compares babble: its verdict is
+# "neither speaks", not a win, loss or tie.
+SPEAKS_WITHIN = 2.0
+
+
+def speaks(results: dict, layout: Layout, system: str, task: str, wer: Stat) -> bool | None:
+    """Whether ``system``'s WER on ``task`` is within :data:`SPEAKS_WITHIN` times its ceiling row's;
+    None where the layout names no ceiling for it or the row was not evaluated."""
+    row = layout.ceilings.get(system)
+    ceiling = stat(results, [row], task, METRICS["wer"]) if row else None
+    if ceiling is None:
+        return None
+    return wer.mean <= SPEAKS_WITHIN * ceiling.mean
 
 
 def judge(better: Stat, worse: Stat, noise: float | None, lower_is_better: bool) -> str:
@@ -450,6 +467,9 @@ def claims_section(results: dict[str, dict[str, dict]], layout: Layout | None = 
             if claim.metric != "wer":
                 a, b = Stat(a.mean, None, a.n), Stat(b.mean, None, b.n)
             verdict = judge(a, b, spread, LOWER_IS_BETTER[claim.metric])
+            if claim.metric == "wer" and all(speaks(results, layout, system, task, value) is False
+                                             for system, value in ((claim.better, a), (claim.worse, b))):
+                verdict = "neither speaks"
             counts[verdict] = counts.get(verdict, 0) + 1
             digits = 3 if claim.metric in ("rtf", "fpl_l", "sim") else 2
             lines.append(f"| {claim.text} | {claim.source} | {TASK_TITLES[task]} | {claim.metric} | "
@@ -458,7 +478,9 @@ def claims_section(results: dict[str, dict[str, dict]], layout: Layout | None = 
         return ""
     lines += ["", "reproduced: the claimed winner wins by more than the spread over synthesis seeds "
                   "(sqrt of the sum of both systems' variances; a one-seed ablation row borrows its paradigm's); "
-                  "reversed: it loses by more; tie: the difference is within the spread. Speed claims compare means "
+                  "reversed: it loses by more; tie: the difference is within the spread; neither speaks: a WER claim "
+                  f"whose two systems both read above {SPEAKS_WITHIN:g}x the WER of their own decoding path's "
+                  "resynthesis row (the comparison's ceiling rows), so that it would compare babble. Speed claims compare means "
                   "measured on this machine (one item at a time; results/bench.md), not on the papers' GPUs. "
                   "Totals: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "."]
     return "\n".join(lines) + "\n"

@@ -50,8 +50,16 @@ def report_layout(references):
     layout = {"references": references, "comparison": SEEDS_OF, "grids": TRAIN["grids"],
               "ablations": TRAIN["ablations"], "runs": {s: run for s, (run, _) in PARADIGM_SYSTEMS.items()},
               "tasks": SYSTEM_TASKS,
-              "lineages": {run: REGISTRY.lineage(run) for run, _ in PARADIGM_SYSTEMS.values()}}
+              "lineages": {run: REGISTRY.lineage(run) for run, _ in PARADIGM_SYSTEMS.values()},
+              "ceilings": {s: ceiling_row(run) for s, (run, _) in PARADIGM_SYSTEMS.items()
+                           if ceiling_row(run) in references}}
     return json.dumps(layout, sort_keys=True)
+
+
+def ceiling_row(run):
+    """The reference row of ``run``'s decoding path: the codec's resynthesis of the tokens it models
+    (the single stream; for a run on the acoustic stack, its first quantizer, as CoD decodes)."""
+    return f"resynth_{run_token_set(run)}" + ("_q1" if RUNS[run].get("stack") else "")
 
 
 def runs_needed(run):
