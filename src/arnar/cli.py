@@ -350,6 +350,43 @@ def cmd_ladder(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {err}") from None
 
 
+def cmd_curve(args: argparse.Namespace) -> None:
+    """A learning curve (arnar.evaluate.curve): each kept checkpoint of a run speaks a test list
+    with one seed and is judged like any system; curve.md and curve.json under --out."""
+    from arnar.evaluate.curve import kept_checkpoints, learning_curve
+    from arnar.evaluate.run import evaluate_system, read_voice_groups
+    from arnar.evaluate.testlists import read_testlist
+    from arnar.synthesize import SynthesisInputError, Synthesizer, synthesize_testlist
+
+    try:
+        decoding = json.loads(args.decoding)
+    except json.JSONDecodeError as err:
+        raise SynthesisInputError(f"--decoding: not JSON ({err})") from None
+    checkpoints = args.checkpoints or kept_checkpoints(args.run_dir)  # a run without any: refused before the judges load
+    items = read_testlist(Path(args.testlist))
+    asr, encoder = _backends(args)
+    voices = read_voice_groups(Path(args.corpus)) if args.corpus else None
+    summary = Path(args.run_dir) / "train_summary.json"
+    final_dev = json.loads(summary.read_text()).get("final_dev_loss") if summary.is_file() else None
+
+    def speak(checkpoint: str, wav_dir: Path) -> None:
+        synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
+                            decoding=dict(decoding), checkpoint=checkpoint)
+        synthesize_testlist(synth, args.testlist, args.prompts, wav_dir, seed=args.seed,
+                            prompt_alignments=args.prompt_alignments)
+
+    def judge(checkpoint: str, wav_dir: Path, out_json: Path) -> dict:
+        return evaluate_system(system=f"{Path(args.run_dir).name}@{checkpoint}", task=Path(args.testlist).stem,
+                               system_dir=wav_dir, items=items, prompts_dir=Path(args.prompts), asr_backends=asr,
+                               speaker_encoder=encoder, out_json=out_json, out_tsv=out_json.with_suffix(".tsv"),
+                               d_llm=args.d_llm, voices=voices)
+
+    rows = learning_curve(args.run_dir, checkpoints, speak=speak, judge=judge, out_dir=args.out,
+                          final_dev_loss=final_dev)
+    print((Path(args.out) / "curve.md").read_text(), end="")
+    log.info("learning curve of %s: %d checkpoints -> %s", args.run_dir, len(rows), args.out)
+
+
 def cmd_synthesize(args: argparse.Namespace) -> None:
     """A trained paradigm speaks a frozen test list (or one sentence) through the codec."""
     import soundfile as sf
@@ -620,6 +657,25 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--asr", action="append", required=True, choices=ASR_BACKENDS)
         p.add_argument("--sim", required=True, choices=["resemblyzer", "wavlm"])
 
+    p = sub.add_parser("curve", help="learning curve: each kept checkpoint of a run speaks a test list and is "
+                       "judged (WER, SIM) beside its dev loss")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--checkpoints", nargs="+", help="names (step_<N>, best, final); default: every kept "
+                   "checkpoints/step_<N>.pt, then final")
+    p.add_argument("--codec", required=True)
+    p.add_argument("--codec-model")
+    p.add_argument("--bpe", required=True, help="the text units the run read (bpe.model or phonemes.json)")
+    p.add_argument("--testlist", required=True)
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--prompt-alignments")
+    p.add_argument("--decoding", default="{}", help="JSON decoding options (the profile's for this system)")
+    p.add_argument("--seed", type=int, default=0)
+    add_backends(p)
+    p.add_argument("--corpus", help="corpus folder: its speakers.tsv adds per-voice figures to each eval.json")
+    p.add_argument("--d-llm", type=float, default=0.025)
+    p.add_argument("--out", required=True, help="folder: <checkpoint>/wavs, <checkpoint>/eval.json, curve.md, curve.json")
+    p.set_defaults(func=cmd_curve)
+
     p = sub.add_parser("evaluate", help="evaluate one system's audio on one task")
     p.add_argument("--system", required=True)
     p.add_argument("--task", required=True)
@@ -676,13 +732,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from arnar.evaluate.asr import AsrUnavailableError
     from arnar.evaluate.similarity import SimUnavailableError
     from arnar.synthesize import SynthesisInputError
+    from arnar.evaluate.curve import CurveError
     from arnar.train import TrainError
 
     # AsrUnavailableError / SimUnavailableError: hub weights that cannot be had, said in one line;
     # TrainError: a run or checkpoint that cannot be loaded (arnar synthesize --run-dir)
     return (ConfigError, CorpusError, SynthError, SourceMissingError, TokenizerError, TestListError,
             AudioError, AsrUnavailableError, SimUnavailableError, AlignerUnavailableError, CodecError, FileNotFoundError,
-            SynthesisInputError, TrainError)
+            SynthesisInputError, TrainError, CurveError)
 
 
 def main(argv: list[str] | None = None) -> int:
