@@ -53,8 +53,8 @@ def test_every_checkpoint_speaks_and_is_judged_once_and_a_rerun_resumes(tmp_path
         spoken.append(name)
 
     def judge(name, wav_dir, out_json):
-        # WER falls with updates: 0.9 at 500, 0.6 at 1000, 0.3 at final
-        wer = {"step_500": 0.9, "step_1000": 0.6, "final": 0.3}[name]
+        # WER (percent, as evaluate_system gives it) falls with updates: 90 at 500, 60 at 1000, 30 at final
+        wer = {"step_500": 90.0, "step_1000": 60.0, "final": 30.0}[name]
         result = {"asr": {"moonshine": {"wer_corpus": wer}}, "sim": {"mean": 0.7}}
         out_json.write_text(json.dumps(result))
         return result
@@ -62,7 +62,7 @@ def test_every_checkpoint_speaks_and_is_judged_once_and_a_rerun_resumes(tmp_path
     rows = learning_curve(run, None, speak=speak, judge=judge, out_dir=tmp_path / "curve", final_dev_loss=3.2)
     assert spoken == ["step_500", "step_1000", "final"]
     assert [(r["step"], r["dev_loss"], r["wer"]["moonshine"]) for r in rows] == [
-        (500, 4.5, 0.9), (1000, 4.0, 0.6), (1000, 3.2, 0.3)]  # final: the summary's dev loss
+        (500, 4.5, 90.0), (1000, 4.0, 60.0), (1000, 3.2, 30.0)]  # final: the summary's dev loss
     table = (tmp_path / "curve" / "curve.md").read_text().splitlines()
     assert table[0] == "| checkpoint | updates | dev loss | WER moonshine | SIM |"
     assert table[2] == "| step_500 | 500 | 4.500 | 90.0 % | 0.700 |"
@@ -73,5 +73,17 @@ def test_every_checkpoint_speaks_and_is_judged_once_and_a_rerun_resumes(tmp_path
 
 
 def test_the_table_marks_a_missing_dev_loss_and_sim():
-    rows = [{"checkpoint": "final", "step": 10, "dev_loss": None, "wer": {"a": 0.5, "b": 0.25}, "sim": None}]
+    rows = [{"checkpoint": "final", "step": 10, "dev_loss": None, "wer": {"a": 50.0, "b": 25.0}, "sim": None}]
     assert curve_table(rows, ["a", "b"]).splitlines()[-1] == "| final | 10 | — | 50.0 % | 25.0 % | — |"
+
+
+def test_best_and_final_take_the_summary_dev_losses(tmp_path):
+    run = make_run(tmp_path, [500])
+    torch.save({"step": 200, "model": {}}, run / "best.pt")  # weights only, as the engine writes it
+
+    def judge(name, wav_dir, out_json):
+        return {"asr": {"moonshine": {"wer_corpus": 50.0}}, "sim": {"mean": 0.5}}
+
+    rows = learning_curve(run, ["best", "final"], speak=lambda name, wav_dir: None, judge=judge,
+                          out_dir=tmp_path / "curve", final_dev_loss=3.0, best_dev_loss=2.5)
+    assert [(r["checkpoint"], r["step"], r["dev_loss"]) for r in rows] == [("best", 200, 2.5), ("final", 500, 3.0)]

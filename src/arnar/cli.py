@@ -367,7 +367,7 @@ def cmd_curve(args: argparse.Namespace) -> None:
     asr, encoder = _backends(args)
     voices = read_voice_groups(Path(args.corpus)) if args.corpus else None
     summary = Path(args.run_dir) / "train_summary.json"
-    final_dev = json.loads(summary.read_text()).get("final_dev_loss") if summary.is_file() else None
+    facts = json.loads(summary.read_text()) if summary.is_file() else {}
 
     def speak(checkpoint: str, wav_dir: Path) -> None:
         synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
@@ -382,7 +382,7 @@ def cmd_curve(args: argparse.Namespace) -> None:
                                d_llm=args.d_llm, voices=voices)
 
     rows = learning_curve(args.run_dir, checkpoints, speak=speak, judge=judge, out_dir=args.out,
-                          final_dev_loss=final_dev)
+                          final_dev_loss=facts.get("final_dev_loss"), best_dev_loss=facts.get("best_dev_loss"))
     print((Path(args.out) / "curve.md").read_text(), end="")
     log.info("learning curve of %s: %d checkpoints -> %s", args.run_dir, len(rows), args.out)
 

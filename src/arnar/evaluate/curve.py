@@ -62,12 +62,13 @@ def checkpoint_facts(run_dir: str | os.PathLike, name: str) -> dict[str, Any]:
 
 
 def curve_table(rows: Sequence[Mapping[str, Any]], backends: Sequence[str]) -> str:
-    """Markdown: one row per checkpoint, updates / dev loss / WER per backend / SIM."""
+    """Markdown: one row per checkpoint, updates / dev loss / WER per backend (percent, as
+    :func:`evaluate_system` reports it) / SIM."""
     head = ["checkpoint", "updates", "dev loss"] + [f"WER {b}" for b in backends] + ["SIM"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         dev = "—" if row.get("dev_loss") is None else f"{row['dev_loss']:.3f}"
-        wers = [f"{100 * row['wer'][b]:.1f} %" for b in backends]
+        wers = [f"{row['wer'][b]:.1f} %" for b in backends]
         sim = "—" if row.get("sim") is None else f"{row['sim']:.3f}"
         lines.append("| " + " | ".join([row["checkpoint"], str(row["step"]), dev] + wers + [sim]) + " |")
     return "\n".join(lines) + "\n"
@@ -75,9 +76,11 @@ def curve_table(rows: Sequence[Mapping[str, Any]], backends: Sequence[str]) -> s
 
 def learning_curve(run_dir: str | os.PathLike, checkpoints: Sequence[str] | None, *,
                    speak: Callable[[str, Path], None], judge: Callable[[str, Path, Path], dict[str, Any]],
-                   out_dir: str | os.PathLike, final_dev_loss: float | None = None) -> list[dict[str, Any]]:
+                   out_dir: str | os.PathLike, final_dev_loss: float | None = None,
+                   best_dev_loss: float | None = None) -> list[dict[str, Any]]:
     """Every checkpoint speaks (``speak(name, wav_dir)``) and is judged (``judge(name, wav_dir,
-    json_path)`` -> :func:`evaluate_system`'s result); returns one row per checkpoint and writes
+    json_path)`` -> :func:`evaluate_system`'s result); ``final_dev_loss`` / ``best_dev_loss``
+    (the run summary's) stand in for the dev loss of ``final`` / ``best``, which hold weights only; returns one row per checkpoint and writes
     ``curve.json`` and ``curve.md`` under ``out_dir``. A checkpoint already spoken and judged
     (its ``<name>/eval.json`` exists) is read back, so an interrupted curve resumes."""
     out_dir = Path(out_dir)
@@ -86,8 +89,8 @@ def learning_curve(run_dir: str | os.PathLike, checkpoints: Sequence[str] | None
     backends: list[str] = []
     for i, name in enumerate(names, 1):
         facts = checkpoint_facts(run_dir, name)
-        if name == "final" and facts["dev_loss"] is None:
-            facts["dev_loss"] = final_dev_loss
+        if facts["dev_loss"] is None:  # weights-only files: the run summary's figures
+            facts["dev_loss"] = {"final": final_dev_loss, "best": best_dev_loss}.get(name)
         wav_dir, result_path = out_dir / name / "wavs", out_dir / name / "eval.json"
         if result_path.is_file():
             result = json.loads(result_path.read_text())
