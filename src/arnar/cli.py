@@ -350,18 +350,28 @@ def cmd_ladder(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {err}") from None
 
 
+def _decoding_options(text: str) -> dict:
+    """``--decoding``: a JSON object of decoding options (refused in one line otherwise)."""
+    from arnar.synthesize import SynthesisInputError
+
+    try:
+        decoding = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SynthesisInputError(f"--decoding: not JSON ({err})") from None
+    if not isinstance(decoding, dict):
+        raise SynthesisInputError(f"--decoding: expected a JSON object of options, got {text!r}")
+    return decoding
+
+
 def cmd_curve(args: argparse.Namespace) -> None:
     """A learning curve (arnar.evaluate.curve): each kept checkpoint of a run speaks a test list
     with one seed and is judged like any system; curve.md and curve.json under --out."""
     from arnar.evaluate.curve import kept_checkpoints, learning_curve
     from arnar.evaluate.run import evaluate_system, read_voice_groups
     from arnar.evaluate.testlists import read_testlist
-    from arnar.synthesize import SynthesisInputError, Synthesizer, synthesize_testlist
+    from arnar.synthesize import Synthesizer, synthesize_testlist
 
-    try:
-        decoding = json.loads(args.decoding)
-    except json.JSONDecodeError as err:
-        raise SynthesisInputError(f"--decoding: not JSON ({err})") from None
+    decoding = _decoding_options(args.decoding)
     checkpoints = args.checkpoints or kept_checkpoints(args.run_dir)  # a run without any: refused before the judges load
     items = read_testlist(Path(args.testlist))
     asr, encoder = _backends(args)
@@ -394,12 +404,7 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
     from arnar.synthesize import SILENCE_DBFS, SynthesisInputError, Synthesizer, synthesize_testlist
 
     # bad flags are refused before the model loads; text and prompt limits: arnar.synthesize
-    try:
-        decoding = json.loads(args.decoding)
-    except json.JSONDecodeError as err:
-        raise SynthesisInputError(f"--decoding: not JSON ({err})") from None
-    if not isinstance(decoding, dict):
-        raise SynthesisInputError(f"--decoding: expected a JSON object of options, got {args.decoding!r}")
+    decoding = _decoding_options(args.decoding)
     # a synthesis option, not the paradigm's: speak each test item for its ground-truth duration
     target_duration = decoding.pop("target_duration", None)
     if target_duration not in (None, "ground_truth"):
