@@ -35,6 +35,7 @@ from arnar.paradigms.syncspeech import (
     finetune_sequence,
     hybrid_attention_mask,
     marker,
+    packed_finetune_sequence,
     pretrain_sequence,
     pretrain_text_mask,
     span_part,
@@ -274,6 +275,81 @@ def test_training_examples_targets_and_random_n():
     ex = net.training_example(utt, torch.Generator().manual_seed(0))
     assert ex.extras["duration_targets"][ex.input_ids == D].tolist() == [5, 5, 2, 1]  # every D; l_1 = 6 clamped
     assert ((ex.targets != X) == (ex.input_ids == M)).all()
+
+
+def test_packed_finetune_sequence_hand_worked():
+    """finetune_spans: all on two text tokens (ends 1, 3; q = 0): the real utterance, then a masked
+    copy of each span that sees the text its decoding pass has read, the real stream before its span
+    and itself. Rows worked out by hand from _ItemStream's passes."""
+    text, speech, ends = torch.tensor([1, 2]), torch.tensor([5, 6, 7]), torch.tensor([1, 3])
+    y1, y2, s1, s2, s3 = 9, 10, 23, 24, 25
+    for bidirectional, copy1_rows, real_rows in (
+        (True, ["1111110000110", "1111110000110"], ["1111111100000", "1111111100000"]),
+        (False, ["1111110000100", "1111110000110"], ["1111111000000", "1111111100000"]),
+    ):
+        layout, targets, copy_of, mask = packed_finetune_sequence(VOCAB, text, speech, ends, q=0,
+                                                                  bidirectional=bidirectional)
+        #                y1  y2  E  D1  s1  D2  s2  s3 | M0 D'0 | M1a M1b D'1
+        assert layout.input_ids.tolist() == [y1, y2, E, D, s1, D, s2, s3, M, D, M, M, D]
+        assert layout.position_ids.tolist() == [0, 1, 0, 1, 2, 3, 4, 5, 2, 3, 4, 5, 6]
+        assert layout.text_seen.tolist() == [0, 0, 1, 1, 2, 2, 2, 2, 1, 1, 2, 2, 2]
+        assert copy_of.tolist() == [-1] * 8 + [0, 0, 1, 1, 1]
+        assert layout.duration_of.tolist() == [-1, -1, -1, 0, -1, 1, -1, -1, -1, 1, -1, -1, 2]
+        assert targets.tolist() == [X] * 8 + [s1, X, s2, s3, X]
+        assert mask.tolist() == matrix([
+            "1000000000000",  # y1
+            "1100000000000",  # y2
+            "1010000000000",  # E: the first q + 1 text tokens
+            "1011000000000",  # D1
+            "1111100000000",  # s1: entered at pass 2, y2 read
+            "1111110000000",  # D2
+            *real_rows,       # s2 s3: their span both ways (hybrid) or causally
+            "1011000010000",  # M0: y1, the stream before span 1 (E, D1), itself
+            "1011000011000",  # D'0: and the masks of its copy
+            *copy1_rows,      # M1a M1b: y1 y2, E D1 s1 D2, their copy
+            "1111110000111",  # D'1
+        ])
+    net = build_paradigm("syncspeech", VOCAB, TINY, max_duration=6, q=0, finetune_spans="all")
+    utt = Utterance("u", "s", text, speech, ends)
+    ex = net.training_example(utt, torch.Generator().manual_seed(0))
+    assert len(ex.input_ids) == net.sequence_length(utt) == 13
+    # l = (1, 2): D1 -> l_1 and D2 -> l_2 (prefill), D'0 -> l_2 (Eq. 5); D'1 has no next token
+    assert ex.extras["duration_targets"].tolist() == [X, X, X, 1, X, 2, X, X, X, 2, X, X, X]
+    net = build_paradigm("syncspeech", VOCAB, TINY, max_duration=6, q=0, finetune_spans="all", prefill_duration=False)
+    assert net.training_example(utt, torch.Generator()).extras["duration_targets"].tolist() == [X] * 9 + [2, X, X, X]
+    with pytest.raises(ValueError, match="finetune_spans"):
+        build_paradigm("syncspeech", VOCAB, TINY, finetune_spans="some")
+
+
+@pytest.mark.parametrize("attention", ["hybrid", "causal"])
+def test_packed_finetuning_computes_what_decoding_computes(attention):
+    """Fed the spans a cached streaming decoding produced, every copy of packed_finetune_sequence
+    computes that decoding's hidden states: at its masks (the span's tokens) and at its D' (the next
+    duration), and D_1 those of the first pass. So the packed layout is the decoding, teacher-forced,
+    with q smaller than the text (text arriving while speech is spoken)."""
+    net = model(q=1, attention=attention)
+    text, ends = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([3, 3, 5, 8, 9])
+    no_prompt = torch.zeros(0, dtype=torch.long)
+    passes = []  # hidden states of each pass's new positions
+    hook = net.backbone.register_forward_hook(lambda _m, _args, output: passes.append(output[0]))
+    try:
+        out = net.generate(SynthesisRequest(text, no_prompt, no_prompt, text_ends=ends), torch.Generator())
+    finally:
+        hook.remove()
+    assert len(passes) == len(text) + 1 and len(set(out.speech.tolist())) > 2
+    layout, _, copy_of, mask = packed_finetune_sequence(VOCAB, text, out.speech, ends, q=1,
+                                                        bidirectional=attention == "hybrid")
+    with torch.no_grad():
+        hidden = net.backbone(net.embed(layout.input_ids[None]), layout.position_ids[None], mask[None])[0]
+    first_d = int(((layout.input_ids == D) & (copy_of < 0)).nonzero()[0])
+    torch.testing.assert_close(hidden[first_d], passes[0][-1], atol=1e-4, rtol=1e-4)
+    for n, decoded in enumerate(passes[1:]):
+        span = int(ends[n] - (ends[n - 1] if n else 0))
+        # a pass's new positions end with the masks of span n and the D' after them
+        torch.testing.assert_close(hidden[copy_of == n], decoded[len(decoded) - span - 1:], atol=1e-4, rtol=1e-4)
+    logits = net.head(hidden)
+    logits[:, : VOCAB.speech_offset] = -math.inf
+    assert (logits[layout.input_ids == M].argmax(-1) - VOCAB.speech_offset).tolist() == out.speech.tolist()
 
 
 def test_loss_is_sum_over_speech_and_duration_targets_with_padding():

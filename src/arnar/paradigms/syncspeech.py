@@ -23,6 +23,12 @@ before it real, text up to ``y_{n+q}``): the paper notes that this first predict
 that is not merged with speech prediction, but Eq. 5 never trains it, so a model fine-tuned without
 pre-training (the Table 2 ablation) would guess its first duration from an untrained placeholder.
 
+Variant (option ``finetune_spans``, default ``one`` = Eq. 3): ``all`` scores every span of an
+utterance in one sequence, each through a masked copy that sees exactly what its decoding pass sees
+(:func:`packed_finetune_sequence`). Eq. 3 trains one text token per sequence, which section 2.3
+names as the reason for pre-training; on a CPU budget of a few thousand updates it leaves the
+fine-tuning stage with a few speech targets per example.
+
 Pre-training (Eq. 6, ``stage: pretrain``): the whole text, every span present::
 
     y_1 .. y_L  E  D ŝ_{1:a_1}  D ŝ_{a_1:a_2} ... D ŝ_{a_{L-1}:a_L}
@@ -114,6 +120,7 @@ DURATION = 7  # D of Eq. 3 (<DPH> in Fig. 1): placeholder whose output predicts 
 assert max(END_OF_TEXT, DURATION) < N_SPECIAL
 
 STAGES = ("finetune", "pretrain")
+FINETUNE_SPANS = ("one", "all")  # Eq. 3's one random span per sequence | every span (packed_finetune_sequence)
 ATTENTIONS = ("hybrid", "causal")
 DECODING = {
     "duration_top_k": 3,  # Table 3: top-k 3 for durations (1 = greedy)
@@ -252,6 +259,72 @@ def finetune_sequence(vocab, text: Tensor, speech: Tensor, ends: Tensor, n: int,
         raise ValueError(f"n must be in [1, {L}], got {n}")
     return tmt_sequence(vocab, text, speech, ends, n_text=min(L, n + q), masked=[False] * (n - 1) + [True],
                         trailing_duration=True)
+
+
+def packed_finetune_sequence(vocab, text: Tensor, speech: Tensor, ends: Tensor, q: int, *,
+                             bidirectional: bool = True) -> tuple[Layout, Tensor, Tensor, Tensor]:
+    """Every ``n`` of Eq. 3 in one sequence (option ``finetune_spans: all``): the whole utterance real,
+    then a masked copy of each span, each copy seeing what decoding pass ``n`` sees::
+
+        y_1 .. y_L  E  D s_{1:a_1} .. D s_{a_{L-1}:a_L}  <mask> x l_1 D'  ..  <mask> x l_L D'
+
+    Why: Eq. 3 scores one span per sequence, so "the gradient was backpropagated for only one text
+    token" (section 2.3); at a few thousand CPU updates that is a few speech targets per example
+    against AR's every frame. Here every span is a target, at about twice the sequence length.
+
+    What each position sees (the cached decoding of :class:`_ItemStream` fed the true spans, exactly):
+    a text token the text before it; ``E`` and ``D_1`` the first ``q + 1`` text tokens; the real span
+    ``k`` (1-based) and the ``D`` after it the first ``k + 1 + q`` (they enter the cache at pass
+    ``k + 1``); real stream positions the real stream up to their own position and, if
+    ``bidirectional``, their own span. The copy of span ``n`` (its masks and the ``D'`` after them)
+    sees the first ``n + q`` text tokens, the real stream before span ``n`` (``D_n`` included) and
+    itself: its masks each other (``bidirectional``) or causally, ``D'`` all of them. A copy sits
+    at the stream positions of its real span, so RoPE places it as decoding does. Eq. 3 instead gives
+    every position of the sequence for ``n`` the first ``n + q`` text tokens; the two agree on what
+    the masks of span ``n`` see from span ``n - 1`` on, and this layout is what decoding computes.
+
+    Returns the layout (a copy's ``span`` is its span's index, as in decoding), the speech targets
+    (the true ids at every copy's masks), the index of the copy each position belongs to (-1: the
+    real part) and the attention mask ``[S, S]``. ``D'`` of copy ``n`` predicts ``l_{n+1}``
+    (``duration_of``), the real ``D_n`` ``l_n`` (what ``prefill_duration`` trains)."""
+    L = len(text)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    parts = [text_part(vocab.text(text), 0), marker(END_OF_TEXT, 0, min(L, q + 1))]
+    span_start = []  # the stream position of each span's first frame
+    position = 1
+    for k in range(L):  # 0-based k: D_{k+1} sees k + 1 + q text tokens, span k + 1 one more
+        parts.append(marker(DURATION, position, min(L, k + 1 + q), duration_of=k))
+        true_ids = vocab.speech(speech[int(starts[k]):int(ends[k])])
+        span_start.append(position + 1)
+        parts.append(span_part(true_ids, position + 1, min(L, k + 2 + q), token=k))
+        position += 1 + len(true_ids)
+    n_real = sum(len(p) for p in parts)
+    targets = [torch.full((n_real,), IGNORE)]
+    copy_of = [torch.full((n_real,), -1)]
+    for n in range(L):
+        true_ids = vocab.speech(speech[int(starts[n]):int(ends[n])])
+        seen = min(L, n + 1 + q)
+        parts.append(span_part(torch.full_like(true_ids, MASK), span_start[n], seen, token=n))
+        parts.append(marker(DURATION, span_start[n] + len(true_ids), seen, duration_of=n + 1))
+        targets += [true_ids, torch.tensor([IGNORE])]
+        copy_of.append(torch.full((len(true_ids) + 1,), n))
+    layout, copy_of = Layout.cat(parts), torch.cat(copy_of)
+
+    key_text, query_text = layout.is_text[None, :], layout.is_text[:, None]
+    key_pos, query_pos = layout.position_ids[None, :], layout.position_ids[:, None]
+    key_copy, query_copy = copy_of[None, :], copy_of[:, None]
+    text_keys = key_text & (key_pos < layout.text_seen[:, None])
+    real_keys = ~key_text & (key_copy < 0)
+    first_of_copy = torch.tensor(span_start)[copy_of.clamp(min=0)][:, None]  # the copy's span start
+    real_rows = text_keys | (real_keys & (key_pos <= query_pos))
+    copy_rows = text_keys | (real_keys & (key_pos < first_of_copy)) | ((key_copy == query_copy) & (key_pos <= query_pos))
+    if bidirectional:
+        same_span = (layout.span[:, None] >= 0) & (layout.span[:, None] == layout.span[None, :])
+        real_rows = real_rows | (same_span & real_keys)
+        copy_rows = copy_rows | (same_span & (key_copy == query_copy))
+    stream_rows = torch.where(query_copy < 0, real_rows, copy_rows)
+    mask = torch.where(query_text, key_text & (key_pos <= query_pos), stream_rows)
+    return layout, torch.cat(targets).long(), copy_of, mask
 
 
 def pretrain_text_mask(n_text: int, generator: torch.Generator) -> list[bool]:
@@ -489,10 +562,13 @@ class SyncSpeech(Paradigm):
     name = "syncspeech"
 
     def __init__(self, vocab, model, *, stage: str = "finetune", q: int = 1, max_duration: int = 50,
-                 attention: str = "hybrid", prefill_duration: bool = True, **options: Any):
+                 attention: str = "hybrid", prefill_duration: bool = True, finetune_spans: str = "one",
+                 **options: Any):
         if options:
             raise ValueError(f"syncspeech: unknown options {sorted(options)}; known: stage, q, max_duration, "
-                             "attention, prefill_duration")
+                             "attention, prefill_duration, finetune_spans")
+        if finetune_spans not in FINETUNE_SPANS:
+            raise ValueError(f"syncspeech: finetune_spans must be one of {FINETUNE_SPANS}, got {finetune_spans!r}")
         if stage not in STAGES:
             raise ValueError(f"syncspeech: stage must be one of {STAGES}, got {stage!r}")
         if attention not in ATTENTIONS:
@@ -500,9 +576,10 @@ class SyncSpeech(Paradigm):
         if int(q) < 0 or int(max_duration) < 1:
             raise ValueError(f"syncspeech: need q >= 0 and max_duration >= 1, got q={q}, max_duration={max_duration}")
         super().__init__(vocab, model, stage=stage, q=int(q), max_duration=int(max_duration), attention=attention,
-                         prefill_duration=bool(prefill_duration))
+                         prefill_duration=bool(prefill_duration), finetune_spans=finetune_spans)
         self.stage, self.q, self.max_duration = stage, int(q), int(max_duration)
         self.attention, self.prefill_duration = attention, bool(prefill_duration)
+        self.finetune_spans = finetune_spans
         # Eq. 5: a second linear layer on the same hidden states, over durations 0..max_duration
         self.duration_head = torch.nn.Linear(self.model_config.dim, self.max_duration + 1)
         torch.nn.init.normal_(self.duration_head.weight, std=0.02)
@@ -510,8 +587,10 @@ class SyncSpeech(Paradigm):
 
     # -- training
     def sequence_length(self, utt: Utterance) -> int:
-        """Longest training sequence of ``utt`` (n = L: all text, L + 1 D's, all frames), for the
-        engine's token budget."""
+        """Longest training sequence of ``utt`` (n = L: all text, L + 1 D's, all frames; packed: the
+        masked copies' frames and D's on top), for the engine's token budget."""
+        if self.stage == "finetune" and self.finetune_spans == "all":
+            return 3 * len(utt.text) + 2 * utt.num_frames + 1
         return 2 * len(utt.text) + utt.num_frames + 2
 
     def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
@@ -522,6 +601,16 @@ class SyncSpeech(Paradigm):
             layout, targets = pretrain_sequence(self.vocab, utt.text, utt.speech, ends,
                                                 pretrain_text_mask(L, generator))
             scored = layout.duration_of >= 0  # every D predicts the span after it
+        elif self.finetune_spans == "all":
+            layout, targets, copy_of, mask = packed_finetune_sequence(
+                self.vocab, utt.text, utt.speech, ends, self.q, bidirectional=self.attention == "hybrid")
+            # D' of each copy predicts the next span's length (Eq. 5); D_n before it l_n (prefill)
+            scored = (layout.duration_of >= 0) & ((copy_of >= 0) | self.prefill_duration)
+            scored = scored & (layout.duration_of < L)
+            duration_targets = torch.full((len(layout),), IGNORE, dtype=torch.long)
+            duration_targets[scored] = target_durations[layout.duration_of[scored]]
+            return Example(layout.input_ids, layout.position_ids, targets, mask,
+                           extras={"duration_targets": duration_targets})
         else:
             n = int(torch.randint(1, L + 1, (), generator=generator))
             layout, targets = finetune_sequence(self.vocab, utt.text, utt.speech, ends, n, self.q)
