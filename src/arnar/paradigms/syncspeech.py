@@ -601,26 +601,24 @@ class SyncSpeech(Paradigm):
             layout, targets = pretrain_sequence(self.vocab, utt.text, utt.speech, ends,
                                                 pretrain_text_mask(L, generator))
             scored = layout.duration_of >= 0  # every D predicts the span after it
+            mask = None
         elif self.finetune_spans == "all":
             layout, targets, copy_of, mask = packed_finetune_sequence(
                 self.vocab, utt.text, utt.speech, ends, self.q, bidirectional=self.attention == "hybrid")
             # D' of each copy predicts the next span's length (Eq. 5); D_n before it l_n (prefill)
             scored = (layout.duration_of >= 0) & ((copy_of >= 0) | self.prefill_duration)
-            scored = scored & (layout.duration_of < L)
-            duration_targets = torch.full((len(layout),), IGNORE, dtype=torch.long)
-            duration_targets[scored] = target_durations[layout.duration_of[scored]]
-            return Example(layout.input_ids, layout.position_ids, targets, mask,
-                           extras={"duration_targets": duration_targets})
         else:
             n = int(torch.randint(1, L + 1, (), generator=generator))
             layout, targets = finetune_sequence(self.vocab, utt.text, utt.speech, ends, n, self.q)
             scored = layout.duration_of == n  # Eq. 5: l_{n+1} (0-based index n); none when n = L
             if self.prefill_duration:
                 scored = scored | (layout.duration_of == n - 1)  # l_n from the D before the mask
+            mask = None
         scored = scored & (layout.duration_of < L)
         duration_targets = torch.full((len(layout),), IGNORE, dtype=torch.long)
         duration_targets[scored] = target_durations[layout.duration_of[scored]]
-        mask = hybrid_attention_mask(layout, bidirectional=self.attention == "hybrid")
+        if mask is None:
+            mask = hybrid_attention_mask(layout, bidirectional=self.attention == "hybrid")
         return Example(layout.input_ids, layout.position_ids, targets, mask,
                        extras={"duration_targets": duration_targets})
 
