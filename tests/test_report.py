@@ -226,7 +226,14 @@ def test_training_table_gives_trainable_parameters_and_the_papers_count(tmp_path
     (tmp_path / "delta.json").write_text(json.dumps(summary("delta", 3_000_000, 450_000)))
     (tmp_path / "palle.json").write_text(json.dumps(summary("palle", 5_224_324, 5_224_324)))
     (tmp_path / "ar.json").write_text(json.dumps(summary("ar", 1_987_392)))  # a summary from before the column
+    sync = {**summary("syncspeech", 2_000_000, 2_000_000), "not_in_the_papers": {
+        "data.prompt_pairs": 0.5, "paradigm.options.finetune_spans": "all", "text_units": "phonemes"}}
+    (tmp_path / "syncspeech.json").write_text(json.dumps(sync))
+    (tmp_path / "nar.json").write_text(json.dumps({**summary("nar", 2_000_000, 2_000_000), "not_in_the_papers": {}}))
     rows = {line.split(" | ")[0].lstrip("| "): line for line in training_table(tmp_path, ["ar"]).splitlines()}
     assert rows["delta"].startswith("| delta | delta | 3.00M | 0.45M | 494.0M | 4 x 192 | 3000 | 12.5 | 30.0 |")
     assert rows["palle"].startswith("| palle | palle | 5.22M | 5.22M | 177.0M |")
     assert rows["ar"].startswith("| ar | ar | 1.99M | – | – |")
+    assert rows["ar"].endswith("| 1.500 | 1.700 | not recorded |")
+    assert rows["nar"].endswith("| 1.500 | 1.700 | – |")
+    assert rows["syncspeech"].endswith("| prompt_pairs=0.5, finetune_spans=all, text units phonemes |")

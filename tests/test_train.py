@@ -117,6 +117,21 @@ def test_learning_rate_warmup_then_cosine():
     assert lr(500) == pytest.approx(0.1)  # held at the floor after max_steps
 
 
+def test_departures_from_papers_name_every_setting_no_paper_uses():
+    from arnar.train.config import compose_config, departures_from_papers
+
+    assert departures_from_papers(compose_config(["paradigm=ar"]), "bpe") == {}
+    assert departures_from_papers(compose_config(["paradigm=cod"]), "phonemes") == {}  # CoD's paper reads phonemes
+    assert departures_from_papers(compose_config(["paradigm=cod"]), "bpe") == {"text_units": "bpe"}
+    ar = compose_config(["paradigm=ar", "data.prompt_pairs=0.5", "paradigm.options.input_noise=0.15"])
+    assert departures_from_papers(ar, "phonemes") == {"data.prompt_pairs": 0.5, "paradigm.options.input_noise": 0.15,
+                                                      "text_units": "phonemes"}
+    sync = compose_config(["paradigm=syncspeech", "paradigm.options.finetune_spans=all"])
+    assert departures_from_papers(sync, "bpe") == {"paradigm.options.finetune_spans": "all"}
+    # a paradigm without the option (NAR has no input_noise) is not reported for it
+    assert departures_from_papers(compose_config(["paradigm=nar"]), "bpe") == {}
+
+
 # ----------------------------------------------------------------------------- bucket sampler
 
 def test_bucket_sampler_budget_coverage_determinism():
@@ -407,7 +422,8 @@ def test_main_parses_paths_and_overrides(data, tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)
     assert (run / "final.pt").is_file()
-    assert json.loads((tmp_path / "s" / "summary.json").read_text())["steps"] == 1
+    written = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert written["steps"] == 1 and written["not_in_the_papers"] == {}  # AR on BPE, single utterances
     assert main([*argv, "train.no_such_key=1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
     assert main(["--run-dir", str(run), "--tokens", str(tmp_path), "--durations", str(data["durations"]),

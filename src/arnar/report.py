@@ -510,12 +510,25 @@ def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
             f"{model.get('n_layers', '–')} x {model.get('dim', '–')}", str(run["steps"]),
             _fmt(run.get("epochs"), 1), _fmt(run["wall_time_s"] / 60, 1), _fmt(run.get("tokens_per_s"), 0),
             _fmt(run.get("final_train_loss"), 3), _fmt(run.get("final_dev_loss"), 3),
+            _departures(run.get("not_in_the_papers")),
         ]) + " |")
     if not rows:
         return ""
     header = ("| Run | Paradigm | Parameters | Trainable | Paper (one network) | Layers x dim | Steps | Epochs "
-              "| Train (min) | Tokens/s | Train loss | Dev loss |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| Train (min) | Tokens/s | Train loss | Dev loss | Not in the papers |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     return "### Training\n\n" + header + "\n" + "\n".join(rows) + "\n"
+
+
+def _departures(departures: dict | None) -> str:
+    """The training table's cell for a run's settings that no paper uses (arnar.train.config.
+    NOT_IN_THE_PAPERS and the text units): ``prompt_pairs=0.5, text units phonemes``."""
+    if departures is None:
+        return "not recorded"  # a summary written before the engine recorded them
+    if not departures:
+        return "–"
+    return ", ".join(f"text units {v}" if k == "text_units" else f"{k.rsplit('.', 1)[-1]}={v}"
+                     for k, v in departures.items())
 
 
 def audit_table(audit: dict) -> str:

@@ -21,9 +21,14 @@ def load_text_tokenizer(path: str | os.PathLike) -> "BpeTokenizer | PhonemeToken
     (``phonemes.json``), told apart by the file's suffix. Both answer ``vocab_size``,
     ``encode(text)``, ``encode_with_words(text)`` and ``id_to_piece(id)``."""
     path = Path(path)
-    if path.suffix == ".json":
+    if text_units_of(path) == "phonemes":
         return PhonemeTokenizer.load(path)
     return BpeTokenizer.load(path)
+
+
+def text_units_of(path: str | os.PathLike) -> str:
+    """``"phonemes"`` for a phoneme tokenizer file (``.json``), ``"bpe"`` for a sentencepiece model."""
+    return "phonemes" if Path(path).suffix == ".json" else "bpe"
 
 
 __all__ = [
@@ -39,5 +44,6 @@ __all__ = [
     "g2p",
     "load_text_tokenizer",
     "normalize_text",
+    "text_units_of",
     "train_bpe",
 ]

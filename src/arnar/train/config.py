@@ -44,6 +44,32 @@ def learning_rate(step: int, *, lr: float, warmup_steps: int, max_steps: int, mi
     return floor + 0.5 * (lr - floor) * (1.0 + math.cos(math.pi * progress))
 
 
+# Settings a run can take that none of the papers uses, each with the papers' value. A run that
+# leaves one of them says so in its summary and the report's training table, so that an
+# embedded-profile recipe (README "Toward a speaking default") is never read as the paper's.
+NOT_IN_THE_PAPERS: dict[str, Any] = {
+    "data.prompt_pairs": 0.0,                   # the papers train on single utterances
+    "paradigm.options.input_noise": 0.0,        # AR reads its true history (teacher forcing)
+    "paradigm.options.finetune_spans": "one",   # SyncSpeech Eq. 3: one masked span per sequence
+}
+# the papers' text units: Chain-of-Details reads phonemes, every other paper BPE
+PAPER_TEXT_UNITS = {"cod": "phonemes"}
+
+
+def departures_from_papers(cfg: DictConfig, text_units: str) -> dict[str, Any]:
+    """The settings of ``cfg`` (and its ``text_units``, ``"bpe"`` or ``"phonemes"``) that differ
+    from the papers' recipe, as ``{key: value}`` (empty for a run the papers would recognise)."""
+    departures: dict[str, Any] = {}
+    for key, paper_value in NOT_IN_THE_PAPERS.items():
+        value = OmegaConf.select(cfg, key, default=paper_value)
+        if value != paper_value:
+            departures[key] = value
+    paper_units = PAPER_TEXT_UNITS.get(str(cfg.paradigm.name), "bpe")
+    if text_units != paper_units:
+        departures["text_units"] = text_units
+    return departures
+
+
 def _options(cfg: DictConfig) -> dict[str, Any]:
     options = cfg.paradigm.get("options")
     return dict(OmegaConf.to_container(options, resolve=True)) if options else {}

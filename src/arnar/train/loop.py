@@ -31,9 +31,10 @@ from arnar.atomic import write_text as atomic_write_text
 from arnar.codec.shards import read_token_manifest
 from arnar.paradigms import build_paradigm
 from arnar.paradigms.base import Paradigm, Utterance, Vocab
+from arnar.text import text_units_of
 from arnar.train.checkpoints import (IncompatibleCheckpoint, Progress, _init_from, _restore, atomic_torch_save,
                                      save_checkpoint, seed_rngs, weights_record)
-from arnar.train.config import TrainError, _autocast_dtype, _options, learning_rate
+from arnar.train.config import TrainError, _autocast_dtype, _options, departures_from_papers, learning_rate
 from arnar.train.data import (BucketBatchSampler, TrainDataError, load_utterances, prompt_pairs, stable_seed,
                               vocab_for)
 from arnar.train.distributed import Distributed, init_distributed
@@ -85,6 +86,7 @@ class Run:
     utterances: list[Utterance]
     dev: list[Utterance]
     vocab: Vocab
+    text_units: str  # "bpe" or "phonemes" (arnar.text.text_units_of)
     codec_hash: str | None  # of the tokens' codec: no resuming onto other tokens
     paradigm: Paradigm
     n_params: int
@@ -234,7 +236,7 @@ def _set_up(cfg: DictConfig, ctx: Distributed, run_dir: Path, train_tokens, trai
             shuffle=False, seed=seed, rank=ctx.rank, world_size=ctx.world_size, even=False,
         )
     return Run(cfg=cfg, ctx=ctx, run_dir=run_dir, seed=seed, amp=amp, utterances=utterances, dev=dev, vocab=vocab,
-               codec_hash=codec_hash, paradigm=paradigm, n_params=n_params, optimizer=optimizer, sampler=sampler,
+               text_units=text_units_of(bpe_model), codec_hash=codec_hash, paradigm=paradigm, n_params=n_params, optimizer=optimizer, sampler=sampler,
                dev_sampler=dev_sampler)
 
 
@@ -345,6 +347,7 @@ def _summary(run: Run, state: Progress, finished: bool, wall: float) -> dict[str
         "dev_utterances": len(run.dev),
         "vocab": run.vocab.to_dict(),
         "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "not_in_the_papers": departures_from_papers(cfg, run.text_units),
     }
 
 
