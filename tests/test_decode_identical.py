@@ -390,6 +390,11 @@ def test_nar_generate_batch_gives_each_item_its_batch_one_codes(decoding):
     assert_same_items(*decode_alone_and_batched(build("nar"), requests, 70, decoding))
 
 
+def test_nar_proportional_positions_batch_as_alone():
+    requests = [request(0, 17), request(1, None, text_len=3, prompt_frames=4), request(2, 6, text_len=7)]
+    assert_same_items(*decode_alone_and_batched(build("nar", text_positions="proportional"), requests, 70, {}))
+
+
 @pytest.mark.parametrize("decoding", [{}, {"steps": 4, "schedule": "uniform", "top_k": 5}, {"steps": 8}],
                          ids=["default", "uniform", "eight_steps"])
 def test_delta_generate_batch_gives_each_item_its_batch_one_codes(decoding):

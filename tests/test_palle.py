@@ -152,6 +152,25 @@ def test_stage_two_example_scores_exactly_the_masked_frames():
         assert (ex.targets[masked] == codes[masked]).all() and (ex.input_ids[~masked] == codes[~masked]).all()
 
 
+def test_stretched_text_spreads_each_token_evenly_in_training_and_decoding():
+    from arnar.paradigms.palle import stretched_text
+
+    # frame t reads token floor(t L / T)
+    assert stretched_text(VOCAB, torch.tensor([0, 9]), 5).tolist() == [8, 8, 8, 17, 17]
+    assert stretched_text(VOCAB, torch.tensor([1, 2, 3]), 7).tolist() == [9, 9, 9, 10, 10, 11, 11]
+    assert stretched_text(VOCAB, torch.tensor([1, 2, 3]), 2).tolist() == [9, 10]  # cut as padding cuts
+    with pytest.raises(ValueError, match="text_layout"):
+        build_paradigm("palle", VOCAB, TINY, text_layout="interleave")
+    model = build_paradigm("palle", VOCAB, TINY, text_layout="stretch").eval()
+    ex = model.training_example(utterance(7, text=(4, 5)), torch.Generator().manual_seed(0))
+    assert ex.extras["text_ids"].tolist() == [12, 12, 12, 12, 13, 13, 13]
+    # decoding: prompt transcript + target text stretched over prompt + target frames, as in training
+    request = SynthesisRequest(torch.tensor([4, 5]), torch.tensor([1]), torch.tensor([2, 3, 4]), target_frames=5)
+    plan = model._plan(request, model._decoding_options({}))
+    assert plan["text"].tolist() == stretched_text(VOCAB, torch.tensor([1, 4, 5]), 8).tolist()
+    assert plan["text"].tolist() == [9, 9, 9, 12, 12, 12, 13, 13]
+
+
 # ----------------------------------------------------------------------------- the network
 
 def test_text_padding_and_fusion_shapes():

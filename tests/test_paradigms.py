@@ -175,6 +175,32 @@ def test_nar_decoding_fills_every_position_in_the_given_steps():
     assert len(fixed.speech) == 3
 
 
+def test_nar_proportional_positions_spread_text_over_the_speech_frames():
+    from arnar.paradigms.nar import nar_positions
+
+    assert nar_positions(2, 3).tolist() == list(range(7))  # MaskGCT: one running range
+    # T / L = 2: token i at 2 + floor((i + 1/2) * 2) = 3, 5, 7, 9; <sos> 0, <turn> 1, frame t at 2 + t
+    assert nar_positions(4, 8, "proportional").tolist() == [0, 3, 5, 7, 9, 1, *range(2, 10)]
+    # more text than frames: tokens share positions, in order, inside the speech range
+    assert nar_positions(3, 2, "proportional").tolist() == [0, 2, 3, 3, 1, 2, 3]
+    with pytest.raises(ValueError, match="text_positions"):
+        build_paradigm("nar", VOCAB, TINY, text_positions="diagonal")
+
+    model = build_paradigm("nar", VOCAB, TINY, text_positions="proportional")
+    utt = utterance(speech=tuple(range(10)))  # 3 text tokens, 10 frames
+    ex = model.training_example(utt, torch.Generator().manual_seed(0))
+    assert ex.position_ids.tolist() == [0, 3, 7, 10, 1, *range(2, 12)]
+
+    # decoding reads the layout training used: the text of prompt and target over all their frames
+    seen = []
+    original = model.backbone.forward
+    model.backbone.forward = lambda x, positions, *a, **k: (seen.append(positions), original(x, positions, *a, **k))[1]
+    request = SynthesisRequest(torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6]), torch.tensor([1, 2, 3, 4]),
+                               target_frames=8)
+    model.eval().generate(request, torch.Generator().manual_seed(0), steps=2)
+    assert len(seen) == 2 and all(torch.equal(p[0].cpu(), nar_positions(6, 12, "proportional")) for p in seen)
+
+
 def test_unknown_paradigm_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown paradigm 'vits'"):
         paradigm_class("vits")

@@ -130,6 +130,8 @@ def test_departures_from_papers_name_every_setting_no_paper_uses():
     assert departures_from_papers(sync, "bpe") == {"paradigm.options.finetune_spans": "all"}
     # a paradigm without the option (NAR has no input_noise) is not reported for it
     assert departures_from_papers(compose_config(["paradigm=nar"]), "bpe") == {}
+    nar = compose_config(["paradigm=nar", "paradigm.options.text_positions=proportional"])
+    assert departures_from_papers(nar, "bpe") == {"paradigm.options.text_positions": "proportional"}
 
 
 # ----------------------------------------------------------------------------- bucket sampler

@@ -14,6 +14,14 @@ Decoding (MaskGIT, Chang et al. 2022): all ``T_gen`` target positions start mask
 ``floor(T_gen * gamma(s / steps))`` stay masked after step ``s``; confidence is the sampled
 token's probability plus Gumbel noise annealed to zero over the steps. ``T_gen`` is the
 ground truth when given, else palle.txt Eq. 11: ``T_ref * L_gen / L_ref``.
+
+Positions (option ``text_positions``): ``sequence`` (the default, MaskGCT's) numbers the whole
+sequence 0, 1, 2, ...; ``proportional`` (not in the paper) puts ``<sos>`` at 0, ``<turn>`` at 1,
+speech frame ``t`` at ``2 + t`` and spreads the ``L`` text tokens over the same range, token ``i``
+at ``2 + floor((i + 1/2) T / L)``, where ``T`` frames (prompt and target) carry them. Under RoPE a
+frame then finds the text it speaks at a small relative offset instead of one it must infer from
+the lengths: a uniform-rate alignment prior that uses only the total length the model is given
+anyway, so the paradigm stays alignment-free.
 """
 
 from __future__ import annotations
@@ -52,13 +60,30 @@ def nar_sequence(vocab, text: torch.Tensor, prompt: torch.Tensor, target: torch.
     return torch.cat([torch.tensor([SOS]), vocab.text(text), torch.tensor([TURN]), vocab.speech(prompt), target_ids])
 
 
+TEXT_POSITIONS = ("sequence", "proportional")
+
+
+def nar_positions(n_text: int, n_speech: int, text_positions: str = "sequence") -> torch.Tensor:
+    """RoPE positions of ``<sos> text <turn> speech`` (``n_text`` and ``n_speech`` tokens): see the
+    module docstring; ``proportional`` with n_text=4, n_speech=8 gives ``0, 3, 5, 7, 9, 1, 2..9``."""
+    if text_positions == "sequence":
+        return torch.arange(n_text + n_speech + 2)
+    if text_positions != "proportional":
+        raise ValueError(f"text_positions must be one of {TEXT_POSITIONS}, got {text_positions!r}")
+    text = 2 + torch.div((2 * torch.arange(n_text) + 1) * n_speech, 2 * max(n_text, 1), rounding_mode="floor")
+    return torch.cat([torch.tensor([0]), text, torch.tensor([1]), 2 + torch.arange(n_speech)])
+
+
 @register_paradigm
 class NAR(Paradigm):
     name = "nar"
 
-    def __init__(self, vocab, model, *, prompt_max: float = 0.4, **options: Any):
-        super().__init__(vocab, model, prompt_max=prompt_max, **options)
+    def __init__(self, vocab, model, *, prompt_max: float = 0.4, text_positions: str = "sequence", **options: Any):
+        super().__init__(vocab, model, prompt_max=prompt_max, text_positions=text_positions, **options)
+        if text_positions not in TEXT_POSITIONS:
+            raise ValueError(f"NAR text_positions must be one of {TEXT_POSITIONS}, got {text_positions!r}")
         self.prompt_max = prompt_max
+        self.text_positions = text_positions
 
     def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
         T = utt.num_frames
@@ -76,7 +101,8 @@ class NAR(Paradigm):
         start = len(inputs) - n_target
         targets[start:][masked] = self.vocab.speech(target[masked])
         S = len(inputs)
-        return Example(inputs, torch.arange(S), targets, torch.ones(S, S, dtype=torch.bool))
+        positions = nar_positions(len(utt.text), T, self.text_positions)
+        return Example(inputs, positions, targets, torch.ones(S, S, dtype=torch.bool))
 
     @torch.no_grad()
     def generate(self, request: SynthesisRequest, generator: torch.Generator, **decoding: Any) -> Generation:
@@ -95,7 +121,7 @@ class NAR(Paradigm):
         device = self.embed.weight.device
         steps = int(opts["steps"])
         sampling = {"temperature": opts["temperature"], "top_k": opts["top_k"], "top_p": opts["top_p"]}
-        sequences, starts, lengths, schedules = [], [], [], []
+        sequences, position_rows, starts, lengths, schedules = [], [], [], [], []
         for request in requests:
             n_target = request.target_frames or total_frames_estimate(
                 len(request.prompt_speech), len(request.prompt_text), len(request.text))
@@ -103,11 +129,12 @@ class NAR(Paradigm):
             sequence = nar_sequence(self.vocab, text, request.prompt_speech, torch.zeros(n_target, dtype=torch.long),
                                     torch.ones(n_target, dtype=torch.bool))
             sequences.append(sequence)
+            position_rows.append(nar_positions(len(text), len(request.prompt_speech) + n_target, self.text_positions))
             starts.append(len(sequence) - n_target)
             lengths.append(n_target)
             schedules.append(masks_per_step(n_target, steps))
         batch, keys = right_padded(sequences, device)
-        positions = torch.arange(batch.shape[1], device=device)[None].expand(len(requests), -1)
+        positions, _ = right_padded(position_rows, device, pad=0)  # a padding position is never attended
         attention = padded_attention(keys)
         # each item's masked target positions, ascending (the order its sampler's draws follow),
         # kept as indices from step to step instead of a mask searched again every step

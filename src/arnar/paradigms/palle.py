@@ -7,7 +7,8 @@ Both stages are the same network (palle.txt 4.1, Fig. 3a), trained separately:
       ─ Linear(2D -> D) ─ + conv positional embedding (kernel 7) ─ bidirectional Transformer ─ head
 
 The text is padded with ``<pad>`` to the speech length (Eqs. 6, 13) so the two streams fuse along
-the feature dimension (E2 TTS); ``PE`` is a sinusoidal encoding with a learnable scale per stream.
+the feature dimension (E2 TTS; option ``text_layout: stretch``, not in the paper, spreads it
+evenly over the frames instead, :func:`stretched_text`); ``PE`` is a sinusoidal encoding with a learnable scale per stream.
 The shared backbone also applies RoPE at the same positions (arnar.nn.Transformer always does):
 one more relative-position signal, on top of the paper's two.
 
@@ -103,6 +104,28 @@ def padded_text(vocab, text: torch.Tensor, length: int) -> torch.Tensor:
     lengthens the speech instead, so that no word to be spoken is dropped."""
     ids = vocab.text(text[:length])
     return torch.cat([ids, torch.full((length - len(ids),), PAD, dtype=torch.long)])
+
+
+TEXT_LAYOUTS = ("pad", "stretch")
+
+
+def stretched_text(vocab, text: torch.Tensor, length: int) -> torch.Tensor:
+    """BPE ids -> shared ids stretched evenly over ``length`` frames (option ``text_layout:
+    stretch``, not in the paper): frame ``t`` reads token ``floor(t L / T)``, so ``[a, b]`` over 5
+    frames is ``a a a b b``. A uniform-rate alignment prior, like the padded
+    layout it uses only the total length; it gives each frame the text near it instead of the
+    sentence's first ``T`` tokens, which the model must otherwise learn to shift. A text longer
+    than the speech is cut as :func:`padded_text` cuts it."""
+    ids = vocab.text(text[:length])
+    if len(ids) == 0:
+        return torch.full((length,), PAD, dtype=torch.long)
+    owner = torch.div(torch.arange(length) * len(ids), length, rounding_mode="floor")  # frame -> token
+    return ids[owner]
+
+
+def text_stream(vocab, text: torch.Tensor, length: int, layout: str) -> torch.Tensor:
+    """The text stream of ``layout`` (``pad``: Eqs. 6, 13; ``stretch``: :func:`stretched_text`)."""
+    return padded_text(vocab, text, length) if layout == "pad" else stretched_text(vocab, text, length)
 
 
 def span_mask(T: int, generator: torch.Generator, prompt_ratio: float = 0.3,
@@ -281,9 +304,11 @@ class PALLE(Paradigm):
 
     def __init__(self, vocab, model, *, stage: int = 1, prompt_ratio: float = 0.3, span_ratio: float = 0.1,
                  refine_mask_prob: float = 0.1, convnext_kernel: int = 7, convnext_ffn_ratio: float = 2.0,
-                 conv_pos_kernel: int = 7, conv_pos_groups: int = 16, **unknown: Any):
+                 conv_pos_kernel: int = 7, conv_pos_groups: int = 16, text_layout: str = "pad", **unknown: Any):
         if unknown:
             raise ValueError(f"PALLE: unknown options {sorted(unknown)}")
+        if text_layout not in TEXT_LAYOUTS:
+            raise ValueError(f"PALLE text_layout must be one of {TEXT_LAYOUTS}, got {text_layout!r}")
         if stage not in (1, 2):
             raise ValueError(f"PALLE stage must be 1 or 2, got {stage!r}")
         if not (0.0 <= prompt_ratio and 0.0 < span_ratio and prompt_ratio + span_ratio < 1.0):
@@ -294,7 +319,8 @@ class PALLE(Paradigm):
         architecture = {"convnext_kernel": convnext_kernel, "convnext_ffn_ratio": convnext_ffn_ratio,
                         "conv_pos_kernel": conv_pos_kernel, "conv_pos_groups": conv_pos_groups}
         super().__init__(vocab, model, stage=stage, prompt_ratio=prompt_ratio, span_ratio=span_ratio,
-                         refine_mask_prob=refine_mask_prob, **architecture)
+                         refine_mask_prob=refine_mask_prob, text_layout=text_layout, **architecture)
+        self.text_layout = text_layout
         # The base class's single embed/backbone/head would be dead weights here (in the checkpoint,
         # the parameter count and, without gradients, an error for DDP): each network has its own.
         del self.embed, self.backbone, self.head
@@ -333,7 +359,7 @@ class PALLE(Paradigm):
         inputs = torch.where(masked, torch.tensor(MASK), speech)
         targets = torch.where(scored, speech, torch.tensor(IGNORE))
         return Example(inputs, torch.arange(T), targets, torch.ones(T, T, dtype=torch.bool),
-                       extras={"text_ids": padded_text(self.vocab, utt.text, T)})
+                       extras={"text_ids": text_stream(self.vocab, utt.text, T, self.text_layout)})
 
     def logits(self, input_ids, position_ids, attention_mask=None, cache=None, cond=None, *,
                text_ids: torch.Tensor | None = None, stage: int | None = None) -> torch.Tensor:
@@ -390,7 +416,7 @@ class PALLE(Paradigm):
             "spans": stage_one_spans(fitted, int(opts["steps"]), total, rule=opts["stage_one_rule"], r=opts["r"]),
             # Eqs. 12-13: prompt codes then <mask>; prompt transcript + target text then <pad>
             "speech": torch.cat([self.vocab.speech(request.prompt_speech), torch.full((fitted,), MASK, dtype=torch.long)]),
-            "text": padded_text(self.vocab, torch.cat([request.prompt_text, request.text]), total),
+            "text": text_stream(self.vocab, torch.cat([request.prompt_text, request.text]), total, self.text_layout),
         }
 
     def _pass(self, network: PalleNetwork, streams: dict[str, torch.Tensor]) -> torch.Tensor:
