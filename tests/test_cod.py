@@ -325,6 +325,31 @@ def test_level_lengths_follow_the_decimation_factors():
     assert m.sequence_length(utt) >= 5 + 23
 
 
+def test_proportional_positions_spread_the_phonemes_over_each_level():
+    from arnar.paradigms.base import spread_positions
+
+    assert spread_positions(4, 8).tolist() == [1, 3, 5, 7]
+    with pytest.raises(ValueError, match="text_positions"):
+        model(text_positions="diagonal")
+    utt = utterance(T=23, P=5)
+    for level, n, phoneme_positions in ((1, 6, [0, 1, 3, 4, 5]), (3, 23, [2, 6, 11, 16, 20])):
+        # 5 phonemes over n speech positions: floor((i + 1/2) n / 5)
+        probs = [float(level == k) for k in (1, 2, 3)]
+        m = model(level_probs=probs, text_positions="proportional")
+        e = m.training_example(utt, torch.Generator().manual_seed(level))
+        assert e.position_ids.tolist() == phoneme_positions + list(range(n))
+
+    # decoding: every level's pass reads the layout training used, both CFG rows alike
+    m = model(text_positions="proportional")
+    seen = record_passes(m)
+    req = request(prompt_frames=8, target_frames=16)  # 7 phonemes; prompt 8 + 16 frames: 6 / 12 / 24 per level
+    m.generate(req, torch.Generator().manual_seed(0), steps=2)
+    by_length = {int(p["position_ids"].shape[1]): p["position_ids"] for p in seen}
+    for n in (6, 12, 24):
+        expected = torch.cat([spread_positions(7, n), torch.arange(n)])
+        assert all(torch.equal(row, expected) for row in by_length[7 + n])
+
+
 @pytest.mark.parametrize("seed,u,count", [
     # MaskGIT (III-B): u ~ U(0, 1), ceil(cos(pi u / 2) n) of the n target tokens masked. One level,
     # no prompt, T = 23: u is the generator's draw after the level's (the prompt draws nothing

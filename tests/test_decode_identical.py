@@ -446,6 +446,13 @@ def test_cod_generate_batch_gives_each_item_its_batch_one_codes(decoding):
     assert batched[0].forward_passes == max(out.forward_passes for out in alone)  # one pass per step for all
 
 
+def test_cod_proportional_positions_batch_as_alone():
+    requests = [request(0, 22, cod=True), request(1, None, text_len=3, prompt_frames=4, cod=True),
+                request(2, 3, text_len=7, prompt_frames=12, cod=True)]
+    model = build("cod", **COD_OPTIONS, text_positions="proportional")
+    assert_same_items(*decode_alone_and_batched(model, requests, 10, {"steps": 4}))
+
+
 @pytest.mark.parametrize("options,decoding,oracle", [
     ({"max_duration": 6}, {}, False),
     ({"max_duration": 6}, {"speech_top_k": 3, "chunk_size": 4}, False),

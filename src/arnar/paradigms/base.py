@@ -184,6 +184,19 @@ def collate(examples: list[Example]) -> Batch:
     return Batch(input_ids, position_ids, targets, mask, lengths, extras)
 
 
+def spread_positions(n_text: int, n_speech: int) -> torch.Tensor:
+    """Positions of ``n_text`` text tokens spread evenly over ``n_speech`` speech positions
+    ``0 .. n_speech - 1``: token ``i`` at ``floor((i + 1/2) n_speech / n_text)`` (4 over 8: 1, 3, 5, 7).
+    The alignment-free paradigms' ``text_positions: proportional`` option (NAR, CoD; not in the
+    papers): under RoPE a speech position then meets the text it speaks at a small relative offset
+    if speech runs at a uniform rate, a prior that needs only the total length they are given."""
+    i = torch.arange(n_text)
+    return torch.div((2 * i + 1) * n_speech, 2 * max(n_text, 1), rounding_mode="floor")
+
+
+TEXT_POSITIONS = ("sequence", "proportional")  # the papers' running range | spread_positions
+
+
 def right_padded(sequences: list[torch.Tensor], device: torch.device | str | None = None,
                  pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch of a bidirectional paradigm's decoding: ``sequences`` (1-D ids) right-padded

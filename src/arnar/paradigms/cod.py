@@ -47,7 +47,10 @@ Sequence layout of one training example (or one decoding pass at level ``l``)::
   the backbone's ``cond_dim``. CoD needs adaLN, so when the engine's model config has
   ``cond_dim: 0`` (model/tiny, small, paper) the paradigm builds its backbone with
   ``cond_dim = dim``; a non-zero ``cond_dim`` is kept.
-* Positions: one running range ``0 .. P + N_l - 1`` (RoPE), as the NAR baseline.
+* Positions: one running range ``0 .. P + N_l - 1`` (RoPE), as the NAR baseline. Option
+  ``text_positions: proportional`` (not in the paper) numbers the speech positions ``0 .. N_l - 1``
+  and spreads the phonemes over them (:func:`arnar.paradigms.base.spread_positions`), a
+  uniform-rate alignment prior at every level.
 
 Prompting. The paper conditions on the voice only through the speaker embedding. For the
 continuation / cross-sentence protocol shared by all paradigms here (option ``speech_prompt``, on by
@@ -143,6 +146,7 @@ from arnar.paradigms.base import (
     IGNORE,
     MASK,
     PAD,
+    TEXT_POSITIONS,
     Batch,
     Example,
     Generation,
@@ -152,6 +156,7 @@ from arnar.paradigms.base import (
     Utterance,
     padded_attention,
     right_padded,
+    spread_positions,
     token_cross_entropy,
 )
 
@@ -281,11 +286,14 @@ class CoD(Paradigm):
                  phoneme_tokenizer: str | None = None, condition_dropout: float = 0.1,
                  previous_noise: float = 0.1, speech_prompt: bool = True, prompt_max: float = 0.4,
                  duration_dim: int = 128, duration_layers: int = 2, duration_heads: int = 2,
-                 duration_weight: float = 1.0, coarse_tokenizer: str | None = None, **unknown: Any):
+                 duration_weight: float = 1.0, coarse_tokenizer: str | None = None,
+                 text_positions: str = "sequence", **unknown: Any):
         from arnar.nn import TransformerConfig
 
         if unknown:
             raise ValueError(f"CoD: unknown options {sorted(unknown)}")
+        if text_positions not in TEXT_POSITIONS:
+            raise ValueError(f"CoD text_positions must be one of {TEXT_POSITIONS}, got {text_positions!r}")
         levels = int(levels)
         if levels < 1:
             raise ValueError(f"CoD levels must be >= 1, got {levels}")
@@ -306,7 +314,8 @@ class CoD(Paradigm):
                          previous_noise=previous_noise, speech_prompt=speech_prompt, prompt_max=prompt_max,
                          duration_dim=duration_dim, duration_layers=duration_layers,
                          duration_heads=duration_heads, duration_weight=duration_weight,
-                         coarse_tokenizer=coarse_tokenizer)
+                         coarse_tokenizer=coarse_tokenizer, text_positions=text_positions)
+        self.text_positions = text_positions
         self.n_levels = levels
         self.level_probs = torch.tensor(probs, dtype=torch.float)
         self.n_phonemes, self.speaker_dim = int(n_phonemes), int(speaker_dim)
@@ -394,6 +403,12 @@ class CoD(Paradigm):
                                     torch.zeros(N, dtype=torch.long) if previous is None else previous.long() + 1])
         return input_ids, phoneme_extra, previous_extra
 
+    def level_positions(self, n_phonemes: int, n_speech: int) -> Tensor:
+        """RoPE positions of ``[phonemes, speech]`` at one level (the module docstring)."""
+        if self.text_positions == "sequence":
+            return torch.arange(n_phonemes + n_speech)
+        return torch.cat([spread_positions(n_phonemes, n_speech), torch.arange(n_speech)])
+
     def embed_inputs(self, input_ids: Tensor, phonemes: Tensor, previous: Tensor, level: Tensor,
                      drop: Tensor) -> Tensor:
         """[B, S, dim] inputs of the shared decoder (layout in the module docstring). ``phonemes``
@@ -457,7 +472,7 @@ class CoD(Paradigm):
         extras = {"phonemes": phoneme_extra, "previous": previous_extra, "level": torch.tensor(level),
                   "drop": torch.tensor(drop), "speaker": speaker[None],  # [1, D]: never mistaken for per-position
                   "log_frames": torch.tensor(math.log(T), dtype=torch.float)}
-        return Example(input_ids, torch.arange(S), targets, torch.ones(S, S, dtype=torch.bool), extras)
+        return Example(input_ids, self.level_positions(P, N), targets, torch.ones(S, S, dtype=torch.bool), extras)
 
     def forward(self, batch: Batch) -> LossOutput:
         ex = batch.extras
@@ -628,8 +643,9 @@ class CoD(Paradigm):
             input_ids, keys = right_padded([seq[0] for seq in sequences], device)
             phoneme_extra, _ = right_padded([seq[1] for seq in sequences], device, pad=0)
             previous_extra, _ = right_padded([seq[2] for seq in sequences], device, pad=0)
-            width = input_ids.shape[1]
-            batch_inputs = dict(position_ids=torch.arange(width, device=device)[None].expand(copies * B, -1),
+            positions, _ = right_padded([self.level_positions(len(item["phonemes"]), item["level_lengths"][-1])
+                                         for item in items], device, pad=0)  # a padding key is never attended
+            batch_inputs = dict(position_ids=rows(positions),
                                 phonemes=rows(phoneme_extra), previous=rows(previous_extra),
                                 level=torch.full((copies * B,), level, device=device), drop=drop,
                                 speaker=speaker_rows, attention_mask=rows(padded_attention(keys)))

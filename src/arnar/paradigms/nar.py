@@ -39,6 +39,7 @@ from arnar.paradigms.base import (
     IGNORE,
     MASK,
     SOS,
+    TEXT_POSITIONS,
     TURN,
     Example,
     Generation,
@@ -47,6 +48,7 @@ from arnar.paradigms.base import (
     Utterance,
     padded_attention,
     right_padded,
+    spread_positions,
 )
 
 DECODING = {"steps": 16, "temperature": 1.0, "top_k": 0, "top_p": 0.9, "noise": 1.0}
@@ -60,9 +62,6 @@ def nar_sequence(vocab, text: torch.Tensor, prompt: torch.Tensor, target: torch.
     return torch.cat([torch.tensor([SOS]), vocab.text(text), torch.tensor([TURN]), vocab.speech(prompt), target_ids])
 
 
-TEXT_POSITIONS = ("sequence", "proportional")
-
-
 def nar_positions(n_text: int, n_speech: int, text_positions: str = "sequence") -> torch.Tensor:
     """RoPE positions of ``<sos> text <turn> speech`` (``n_text`` and ``n_speech`` tokens): see the
     module docstring; ``proportional`` with n_text=4, n_speech=8 gives ``0, 3, 5, 7, 9, 1, 2..9``."""
@@ -70,7 +69,7 @@ def nar_positions(n_text: int, n_speech: int, text_positions: str = "sequence") 
         return torch.arange(n_text + n_speech + 2)
     if text_positions != "proportional":
         raise ValueError(f"text_positions must be one of {TEXT_POSITIONS}, got {text_positions!r}")
-    text = 2 + torch.div((2 * torch.arange(n_text) + 1) * n_speech, 2 * max(n_text, 1), rounding_mode="floor")
+    text = 2 + spread_positions(n_text, n_speech)
     return torch.cat([torch.tensor([0]), text, torch.tensor([1]), 2 + torch.arange(n_speech)])
 
 

@@ -51,7 +51,7 @@ NOT_IN_THE_PAPERS: dict[str, Any] = {
     "data.prompt_pairs": 0.0,                   # the papers train on single utterances
     "paradigm.options.input_noise": 0.0,        # AR reads its true history (teacher forcing)
     "paradigm.options.finetune_spans": "one",   # SyncSpeech Eq. 3: one masked span per sequence
-    "paradigm.options.text_positions": "sequence",  # NAR: MaskGCT's running positions
+    "paradigm.options.text_positions": "sequence",  # NAR, CoD: one running position range
     "paradigm.options.text_layout": "pad",      # PALLE: the text padded to the speech length (Eqs. 6, 13)
 }
 # the papers' text units: Chain-of-Details reads phonemes, every other paper BPE
