@@ -127,6 +127,25 @@ def test_stage_one_span_mask_short_utterances_score_at_least_one_frame(T):
         assert scored.nonzero().flatten().tolist() == list(range(s, s + k))
 
 
+def test_stage_one_suffix_scoring_option_scores_every_masked_frame():
+    # span_scoring: suffix (not in the paper): the same input as Eq. 8, the loss on all of s..T-1
+    for seed in range(40):
+        ref_masked, ref_scored, ref_s = span_mask(20, torch.Generator().manual_seed(seed))
+        masked, scored, s = span_mask(20, torch.Generator().manual_seed(seed), span_scoring="suffix")
+        assert s == ref_s and masked.tolist() == ref_masked.tolist()  # the same draw of Eq. 7
+        assert scored.nonzero().flatten().tolist() == list(range(s, 20))
+        assert int(ref_scored.sum()) == 2
+    model = build_paradigm("palle", VOCAB, TINY, span_scoring="suffix")
+    utt = utterance(20)
+    ex = model.training_example(utt, torch.Generator().manual_seed(3))
+    s = int((ex.input_ids == MASK).int().argmax())
+    assert (ex.targets[s:] == VOCAB.speech(utt.speech)[s:]).all() and (ex.targets[:s] == IGNORE).all()
+    with pytest.raises(ValueError, match="span_scoring"):
+        build_paradigm("palle", VOCAB, TINY, span_scoring="all")
+    with pytest.raises(ValueError, match="span_scoring"):
+        span_mask(20, torch.Generator(), span_scoring="right_most")
+
+
 def test_stage_two_mask_only_after_prompt_at_rate_p():
     T, n_prompt, draws = 40, 12, 2000
     counts = torch.zeros(T)

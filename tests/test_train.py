@@ -132,6 +132,9 @@ def test_departures_from_papers_name_every_setting_no_paper_uses():
     assert departures_from_papers(compose_config(["paradigm=nar"]), "bpe") == {}
     nar = compose_config(["paradigm=nar", "paradigm.options.text_positions=proportional"])
     assert departures_from_papers(nar, "bpe") == {"paradigm.options.text_positions": "proportional"}
+    assert departures_from_papers(compose_config(["paradigm=palle_stage1"]), "bpe") == {}
+    palle = compose_config(["paradigm=palle_stage1", "paradigm.options.span_scoring=suffix"])
+    assert departures_from_papers(palle, "bpe") == {"paradigm.options.span_scoring": "suffix"}
 
 
 # ----------------------------------------------------------------------------- bucket sampler

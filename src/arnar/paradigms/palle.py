@@ -17,7 +17,8 @@ Training (one :class:`Example` per utterance: ``input_ids`` = the speech stream,
 
 * stage one (Eqs. 7-9): the first ``floor(0.3 T)`` frames are a prompt; a span start
   ``s ~ U{floor(0.3T), ..., T - floor(0.1T) - 1}`` is drawn, every frame from ``s`` on is masked,
-  and the loss is on the left-most ``k = floor(0.1 T)`` masked frames only.
+  and the loss is on the left-most ``k = floor(0.1 T)`` masked frames only (option
+  ``span_scoring: suffix``, not in the paper: on every masked frame).
 * stage two (Eq. 10): frames after ``floor(0.3 T)`` are masked independently with ``p = 0.1``; the
   loss is on the masked frames.
 
@@ -107,6 +108,7 @@ def padded_text(vocab, text: torch.Tensor, length: int) -> torch.Tensor:
 
 
 TEXT_LAYOUTS = ("pad", "stretch")
+SPAN_SCORINGS = ("left_most", "suffix")  # Eq. 9 | every masked frame (not in the paper)
 
 
 def stretched_text(vocab, text: torch.Tensor, length: int) -> torch.Tensor:
@@ -129,22 +131,30 @@ def text_stream(vocab, text: torch.Tensor, length: int, layout: str) -> torch.Te
 
 
 def span_mask(T: int, generator: torch.Generator, prompt_ratio: float = 0.3,
-              span_ratio: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, int]:
+              span_ratio: float = 0.1, span_scoring: str = "left_most") -> tuple[torch.Tensor, torch.Tensor, int]:
     """Stage-one training mask (Eqs. 7-9): ``(masked, scored, s)``, bool ``[T]`` each.
 
     ``s ~ U{floor(0.3T), ..., T - floor(0.1T) - 1}`` (Eq. 7), ``masked`` = frames ``s..T-1``
     (Eq. 8), ``scored`` = the left-most ``k = floor(0.1T)`` of them (Eq. 9). Short utterances
     (``T < 10``, where ``floor(0.1T) = 0`` would leave nothing to learn) score ``k = 1`` frame; the
     upper bound of Eq. 7 keeps at least ``floor(0.1T) + 1 >= k`` masked frames, so exactly ``k``
-    frames are scored for every ``T >= 1``."""
+    frames are scored for every ``T >= 1``.
+
+    ``span_scoring: suffix`` (option, not in the paper) scores every masked frame instead of the
+    left-most ``k``: the same input, ~3.5x the frames taught per sequence on average, the later
+    ones predicted further from the speech they follow."""
     if T < 1:
         raise ValueError("an utterance needs at least one speech frame")
+    if span_scoring not in SPAN_SCORINGS:
+        raise ValueError(f"PALLE span_scoring must be one of {SPAN_SCORINGS}, got {span_scoring!r}")
     tail = _floor(span_ratio, T)
     k = max(1, tail)
     low, high = _floor(prompt_ratio, T), T - tail - 1
     s = low + int(torch.randint(high - low + 1, (), generator=generator))
     frame = torch.arange(T)
     masked = frame >= s
+    if span_scoring == "suffix":
+        return masked, masked.clone(), s
     return masked, masked & (frame < s + k), s
 
 
@@ -304,9 +314,12 @@ class PALLE(Paradigm):
 
     def __init__(self, vocab, model, *, stage: int = 1, prompt_ratio: float = 0.3, span_ratio: float = 0.1,
                  refine_mask_prob: float = 0.1, convnext_kernel: int = 7, convnext_ffn_ratio: float = 2.0,
-                 conv_pos_kernel: int = 7, conv_pos_groups: int = 16, text_layout: str = "pad", **unknown: Any):
+                 conv_pos_kernel: int = 7, conv_pos_groups: int = 16, text_layout: str = "pad",
+                 span_scoring: str = "left_most", **unknown: Any):
         if unknown:
             raise ValueError(f"PALLE: unknown options {sorted(unknown)}")
+        if span_scoring not in SPAN_SCORINGS:
+            raise ValueError(f"PALLE span_scoring must be one of {SPAN_SCORINGS}, got {span_scoring!r}")
         if text_layout not in TEXT_LAYOUTS:
             raise ValueError(f"PALLE text_layout must be one of {TEXT_LAYOUTS}, got {text_layout!r}")
         if stage not in (1, 2):
@@ -319,8 +332,9 @@ class PALLE(Paradigm):
         architecture = {"convnext_kernel": convnext_kernel, "convnext_ffn_ratio": convnext_ffn_ratio,
                         "conv_pos_kernel": conv_pos_kernel, "conv_pos_groups": conv_pos_groups}
         super().__init__(vocab, model, stage=stage, prompt_ratio=prompt_ratio, span_ratio=span_ratio,
-                         refine_mask_prob=refine_mask_prob, text_layout=text_layout, **architecture)
-        self.text_layout = text_layout
+                         refine_mask_prob=refine_mask_prob, text_layout=text_layout, span_scoring=span_scoring,
+                         **architecture)
+        self.text_layout, self.span_scoring = text_layout, span_scoring
         # The base class's single embed/backbone/head would be dead weights here (in the checkpoint,
         # the parameter count and, without gradients, an error for DDP): each network has its own.
         del self.embed, self.backbone, self.head
@@ -353,7 +367,7 @@ class PALLE(Paradigm):
         T = utt.num_frames
         speech = self.vocab.speech(utt.speech)
         if self.stage == 1:
-            masked, scored, _ = span_mask(T, generator, self.prompt_ratio, self.span_ratio)
+            masked, scored, _ = span_mask(T, generator, self.prompt_ratio, self.span_ratio, self.span_scoring)
         else:
             masked = scored = refine_mask(T, generator, self.prompt_ratio, self.refine_mask_prob)
         inputs = torch.where(masked, torch.tensor(MASK), speech)

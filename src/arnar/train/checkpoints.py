@@ -134,7 +134,8 @@ BOOKKEEPING = {"progress", "log_every", "ckpt_every", "keep_checkpoints", "devic
 # config keys added after runs were trained, with the value that reproduces those runs: a
 # checkpoint whose config lacks one that the current config has was trained as this value trains
 # (a new option does not make every trained run incompatible)
-ADDED_KEYS = {("data", "prompt_pairs"): 0.0, ("paradigm", "options", "input_noise"): 0.0}
+ADDED_KEYS = {("data", "prompt_pairs"): 0.0, ("paradigm", "options", "input_noise"): 0.0,
+              ("paradigm", "options", "span_scoring"): "left_most"}
 
 
 def _with_added_keys(saved: dict[str, Any], current: dict[str, Any], section: str) -> Any:
