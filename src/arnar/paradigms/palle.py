@@ -141,7 +141,7 @@ def span_mask(T: int, generator: torch.Generator, prompt_ratio: float = 0.3,
     frames are scored for every ``T >= 1``.
 
     ``span_scoring: suffix`` (option, not in the paper) scores every masked frame instead of the
-    left-most ``k``: the same input, ~3.5x the frames taught per sequence on average, the later
+    left-most ``k``: the same input, ~4x the frames taught per sequence on average, the later
     ones predicted further from the speech they follow."""
     if T < 1:
         raise ValueError("an utterance needs at least one speech frame")
