@@ -215,6 +215,11 @@ def test_pocketsphinx_deterministic_and_order_free(flite_items):
     one = load_aligner("pocketsphinx")
     again = [alignment_to_json(one.align_batch([item], progress=False)[0]) for item in items[::-1]]
     assert again[::-1] == first
+    # two processes give the same intervals, in the input's order
+    parallel = load_aligner("pocketsphinx", workers=2).align_batch(items, progress=False)
+    assert [alignment_to_json(a) for a in parallel] == first
+    with pytest.raises(ValueError, match="workers"):
+        load_aligner("pocketsphinx", workers=0)
 
 
 def test_pocketsphinx_adds_out_of_vocabulary_words(sphinx, flite_items):

@@ -218,7 +218,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 def cmd_align(args: argparse.Namespace) -> None:
     from arnar.align import AlignmentFailure, alignment_to_json, items_from_cuts, load_aligner
 
-    aligner = load_aligner(args.aligner, **({"workers": args.workers} if args.aligner == "mfa" else {}))
+    aligner = load_aligner(args.aligner, **({"workers": args.workers} if args.aligner in ("mfa", "pocketsphinx") else {}))
     items = items_from_cuts(Path(args.cuts), per_speaker=args.per_speaker)
     results = aligner.align_batch(items)
     good = [r for r in results if not isinstance(r, AlignmentFailure)]
@@ -536,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuts", required=True)
     p.add_argument("--out", required=True, help="alignments, one JSON object per line")
     p.add_argument("--quarantine", required=True)
-    p.add_argument("--workers", type=int, default=1, help="MFA jobs")
+    p.add_argument("--workers", type=int, default=1,
+                   help="MFA jobs, or pocketsphinx processes (same output for any number)")
     p.add_argument("--per-speaker", type=int, help="align only the first N cuts of each speaker (a fixed subset)")
     p.set_defaults(func=cmd_align)
 

@@ -33,10 +33,13 @@ rule align:
         split="|".join(SPLITS),
     log:
         f"{LOGS}/align_{{aligner}}_{{split}}.log",
+    # pocketsphinx aligns ~3 utterances a second per process, and its output does not depend on
+    # how many processes share the split (the oracle reads files and ignores the count)
+    threads: P["workers"]
     conda:
         CORE_ENV
     shell:
-        "arnar align --aligner {wildcards.aligner} --cuts {input.cuts} --out {output.alignments}"
+        "arnar align --aligner {wildcards.aligner} --workers {threads} --cuts {input.cuts} --out {output.alignments}"
         " --quarantine {output.quarantine} 2> {log}"
 
 
@@ -53,10 +56,11 @@ rule align_codec_labels:
         aligner="pocketsphinx",
     log:
         f"{LOGS}/align_{{aligner}}_codec_labels.log",
+    threads: P["workers"]
     conda:
         CORE_ENV
     shell:
-        "arnar align --aligner {wildcards.aligner} --cuts {input.cuts} --per-speaker {params.per_speaker}"
+        "arnar align --aligner {wildcards.aligner} --workers {threads} --cuts {input.cuts} --per-speaker {params.per_speaker}"
         " --out {output.alignments} --quarantine {output.quarantine} 2> {log}"
 
 

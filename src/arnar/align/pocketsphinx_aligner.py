@@ -138,10 +138,16 @@ class PocketSphinxAligner:
 
     name = "pocketsphinx"
 
-    def __init__(self, **options: Any):
+    def __init__(self, workers: int = 1, **options: Any):
         import pocketsphinx
 
         self._pocketsphinx = pocketsphinx
+        # processes that align in parallel: each utterance's result is independent of the others
+        # (see the reset above), so the output is the same for any number of workers
+        self.workers = int(workers)
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self._options = dict(options)
         opts = {**DEFAULTS, **options}
         self.frate = int(opts.pop("frate"))
         self.time_offset = float(opts.pop("time_offset"))
@@ -185,8 +191,18 @@ class PocketSphinxAligner:
     ) -> list[Alignment | AlignmentFailure]:
         from tqdm import tqdm
 
-        bar = tqdm(items, desc="align (pocketsphinx)", unit="utt", disable=not progress)
-        return [self.align_item(item) for item in bar]
+        workers = min(self.workers, len(items))
+        if workers <= 1:
+            bar = tqdm(items, desc="align (pocketsphinx)", unit="utt", disable=not progress)
+            return [self.align_item(item) for item in bar]
+        import multiprocessing
+
+        # fork: the workers inherit the loaded module; each builds its own decoders once
+        context = multiprocessing.get_context("fork")
+        with context.Pool(workers, initializer=_init_worker, initargs=(self._options,)) as pool:
+            results = pool.imap(_align_in_worker, items, chunksize=8)
+            return list(tqdm(results, total=len(items), desc=f"align (pocketsphinx, {workers} workers)",
+                             unit="utt", disable=not progress))
 
     def align_item(self, item: AlignItem) -> Alignment | AlignmentFailure:
         from arnar.evaluate.audio import AudioError, load_mono
@@ -350,3 +366,15 @@ def _base_word(name: str) -> str:
         if tail.isdigit():
             return head
     return name
+
+
+_WORKER_ALIGNER: PocketSphinxAligner | None = None
+
+
+def _init_worker(options: dict[str, Any]) -> None:
+    global _WORKER_ALIGNER
+    _WORKER_ALIGNER = PocketSphinxAligner(**options)
+
+
+def _align_in_worker(item: AlignItem) -> Alignment | AlignmentFailure:
+    return _WORKER_ALIGNER.align_item(item)
