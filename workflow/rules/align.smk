@@ -15,7 +15,7 @@ TRAIN_ALIGNER = ALIGN["train_aligner"] or ALIGN["aligner"]
 # The codec's phone labels: the aligner's, on the whole train split, or where the train split's
 # durations come from elsewhere and `codec_labels_per_speaker` is set, on the first N utterances of
 # each training speaker only (the phone encoder trains for a capped number of steps, so a large
-# corpus needs no more labels than mini has; pocketsphinx aligns ~3 utterances a second).
+# corpus needs no more labels than mini has; pocketsphinx aligns ~8 utterances a second per process).
 CODEC_LABELS_PER_SPEAKER = ALIGN["codec_labels_per_speaker"] if TRAIN_ALIGNER != ALIGN["aligner"] else None
 CODEC_LABELS = (f"{DATA}/align/{ALIGN['aligner']}/codec_labels.jsonl" if CODEC_LABELS_PER_SPEAKER
                 else f"{DATA}/align/{ALIGN['aligner']}/train.jsonl")
@@ -33,8 +33,8 @@ rule align:
         split="|".join(SPLITS),
     log:
         f"{LOGS}/align_{{aligner}}_{{split}}.log",
-    # pocketsphinx aligns ~3 utterances a second per process, and its output does not depend on
-    # how many processes share the split (the oracle reads files and ignores the count)
+    # pocketsphinx aligns ~8 utterances a second per process (speak's 5710: 6.0 min on 2), and
+    # its output does not depend on how many share the split (the oracle ignores the count)
     threads: P["workers"]
     conda:
         CORE_ENV
