@@ -147,6 +147,36 @@ def test_nar_training_example_masks_only_target_and_scores_only_masks():
         assert (ex.targets[:5] == IGNORE).all()
 
 
+def test_nar_input_noise_corrupts_unmasked_target_tokens_only():
+    utt = utterance(speech=tuple(range(12)) * 20)  # 240 frames: the share replaced is measurable
+    clean_model = build_paradigm("nar", VOCAB, TINY, prompt_max=0.4)
+    noisy_model = build_paradigm("nar", VOCAB, TINY, prompt_max=0.4, input_noise=0.5)
+    true_ids = VOCAB.speech(torch.arange(12).repeat(20))
+    changed, visible = 0, 0
+    for seed in range(5):
+        clean = clean_model.training_example(utt, torch.Generator().manual_seed(seed))
+        ex = noisy_model.training_example(utt, torch.Generator().manual_seed(seed))
+        # the prompt, mask and schedule draws come first, so the same positions are masked and
+        # scored against the same true codes: only what the model reads differs
+        assert torch.equal(ex.targets, clean.targets) and torch.equal(ex.position_ids, clean.position_ids)
+        speech_in, clean_in = ex.input_ids[5:], clean.input_ids[5:]
+        masked = speech_in == MASK
+        assert torch.equal(masked, clean_in == MASK)
+        first_target = min(int(torch.rand((), generator=torch.Generator().manual_seed(seed)) * 0.4 * 240), 239)
+        assert torch.equal(speech_in[:first_target], true_ids[:first_target])  # the prompt is real speech
+        read = ~masked[first_target:]
+        assert bool(VOCAB.is_speech(speech_in[first_target:][read]).all())
+        visible += int(read.sum())
+        changed += int((speech_in[first_target:][read] != true_ids[first_target:][read]).sum())
+    # each visible target token is redrawn with p = 0.5, landing on the same code with p = 1/12:
+    # 0.5 * 11/12 = 0.458 of them change
+    assert visible > 100 and 0.36 < changed / visible < 0.56
+    again = noisy_model.training_example(utt, torch.Generator().manual_seed(4))
+    assert torch.equal(again.input_ids, ex.input_ids)  # from the example's own generator
+    with pytest.raises(ValueError, match="input_noise"):
+        build_paradigm("nar", VOCAB, TINY, input_noise=1.0)
+
+
 def test_nar_mask_count_follows_cosine_schedule():
     # with prompt_max=0 the whole utterance is target: masked = ceil(cos(pi/2 u) * T)
     model = build_paradigm("nar", VOCAB, TINY, prompt_max=0.0)

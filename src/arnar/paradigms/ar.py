@@ -26,6 +26,7 @@ import torch
 from arnar.decode.sampling import ExponentialDraws, repetition_aware, sample_token
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
+    corrupt,
     decoding_options,
     EOS,
     IGNORE,
@@ -79,10 +80,9 @@ class AR(Paradigm):
         (teacher-forced vs free-running rungs of ``arnar ladder``); the model learns to predict
         the right next token from a history with errors in it."""
         inputs = inputs.clone()
-        n_speech = len(inputs) - first_speech_input
-        hit = torch.rand(n_speech, generator=generator) < self.input_noise
-        noise = torch.randint(self.vocab.speech_size, (n_speech,), generator=generator) + self.vocab.speech_offset
-        inputs[first_speech_input:] = torch.where(hit, noise, inputs[first_speech_input:])
+        codes = inputs[first_speech_input:] - self.vocab.speech_offset
+        inputs[first_speech_input:] = (corrupt(codes, self.input_noise, self.vocab.speech_size, generator)
+                                       + self.vocab.speech_offset)
         return inputs
 
     def speech_or_eos(self, device) -> torch.Tensor:

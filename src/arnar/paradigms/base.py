@@ -197,6 +197,17 @@ def spread_positions(n_text: int, n_speech: int) -> torch.Tensor:
 TEXT_POSITIONS = ("sequence", "proportional")  # the papers' running range | spread_positions
 
 
+def corrupt(tokens: torch.Tensor, rate: float, n_codes: int, generator: torch.Generator) -> torch.Tensor:
+    """Each token independently replaced, with probability ``rate``, by a code drawn uniformly from
+    ``0 .. n_codes - 1`` (CoD III-B: "randomly replacing a portion of these tokens with randomly
+    chosen indices within the vocabulary"; the ``input_noise`` of AR and NAR, not in their papers).
+    A replacement can draw the same code, so the share of tokens that *change* is
+    ``rate * (1 - 1 / n_codes)``."""
+    hit = torch.rand(tokens.shape, generator=generator) < rate
+    random_codes = torch.randint(n_codes, tokens.shape, generator=generator)
+    return torch.where(hit, random_codes, tokens)
+
+
 def right_padded(sequences: list[torch.Tensor], device: torch.device | str | None = None,
                  pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch of a bidirectional paradigm's decoding: ``sequences`` (1-D ids) right-padded

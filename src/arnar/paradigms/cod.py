@@ -154,6 +154,7 @@ from arnar.paradigms.base import (
     Paradigm,
     SynthesisRequest,
     Utterance,
+    corrupt,
     padded_attention,
     right_padded,
     spread_positions,
@@ -191,16 +192,6 @@ def default_level_probs(n_levels: int) -> list[float]:
 def sample_level(probs: Tensor, generator: torch.Generator) -> int:
     """A level 1..L drawn with ``probs`` (coarsest first)."""
     return int(torch.multinomial(probs, 1, generator=generator)) + 1
-
-
-def corrupt(tokens: Tensor, rate: float, n_codes: int, generator: torch.Generator) -> Tensor:
-    """Each token independently replaced, with probability ``rate``, by a code drawn uniformly from
-    ``0 .. n_codes - 1`` (III-B: "randomly replacing a portion of these tokens with randomly chosen
-    indices within the vocabulary"). A replacement can draw the same code, so the share of tokens
-    that *change* is ``rate * (1 - 1 / n_codes)``."""
-    hit = torch.rand(tokens.shape, generator=generator) < rate
-    random_codes = torch.randint(n_codes, tokens.shape, generator=generator)
-    return torch.where(hit, random_codes, tokens)
 
 
 def linear_schedule(start: float, end: float, steps: int) -> list[float]:

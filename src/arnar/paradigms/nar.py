@@ -22,6 +22,13 @@ at ``2 + floor((i + 1/2) T / L)``, where ``T`` frames (prompt and target) carry 
 frame then finds the text it speaks at a small relative offset instead of one it must infer from
 the lengths: a uniform-rate alignment prior that uses only the total length the model is given
 anyway, so the paradigm stays alignment-free.
+
+Input noise (option ``input_noise``, not in the paper): in training a share of the target's
+*unmasked* tokens is replaced by random codes before the model reads them (the loss stays on the
+masked positions, against the true tokens). MaskGIT never re-masks a committed token, so from the
+second step on the model reads its own earlier guesses, some of them wrong, where teacher-forced
+training only ever shows it true ones; this is AR's ``input_noise`` for a masked model. The
+prompt is never corrupted: at test time it is real speech.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from arnar.paradigms.base import (
     Paradigm,
     SynthesisRequest,
     Utterance,
+    corrupt,
     padded_attention,
     right_padded,
     spread_positions,
@@ -77,12 +85,17 @@ def nar_positions(n_text: int, n_speech: int, text_positions: str = "sequence") 
 class NAR(Paradigm):
     name = "nar"
 
-    def __init__(self, vocab, model, *, prompt_max: float = 0.4, text_positions: str = "sequence", **options: Any):
-        super().__init__(vocab, model, prompt_max=prompt_max, text_positions=text_positions, **options)
+    def __init__(self, vocab, model, *, prompt_max: float = 0.4, text_positions: str = "sequence",
+                 input_noise: float = 0.0, **options: Any):
         if text_positions not in TEXT_POSITIONS:
             raise ValueError(f"NAR text_positions must be one of {TEXT_POSITIONS}, got {text_positions!r}")
+        if not 0.0 <= float(input_noise) < 1.0:
+            raise ValueError(f"nar option input_noise must lie in [0, 1), got {input_noise}")
+        super().__init__(vocab, model, prompt_max=prompt_max, text_positions=text_positions,
+                         input_noise=float(input_noise), **options)
         self.prompt_max = prompt_max
         self.text_positions = text_positions
+        self.input_noise = float(input_noise)
 
     def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
         T = utt.num_frames
@@ -95,7 +108,10 @@ class NAR(Paradigm):
         masked = torch.zeros(n_target, dtype=torch.bool)
         masked[order[:n_masked]] = True
         prompt, target = utt.speech[:n_prompt], utt.speech[n_prompt:]
-        inputs = nar_sequence(self.vocab, utt.text, prompt, target, masked)
+        read = target
+        if self.input_noise > 0:  # drawn only when set, so runs without it keep their draws
+            read = corrupt(target, self.input_noise, self.vocab.speech_size, generator)
+        inputs = nar_sequence(self.vocab, utt.text, prompt, read, masked)
         targets = torch.full_like(inputs, IGNORE)
         start = len(inputs) - n_target
         targets[start:][masked] = self.vocab.speech(target[masked])

@@ -49,7 +49,7 @@ def learning_rate(step: int, *, lr: float, warmup_steps: int, max_steps: int, mi
 # embedded-profile recipe (README "Toward a speaking default") is never read as the paper's.
 NOT_IN_THE_PAPERS: dict[str, Any] = {
     "data.prompt_pairs": 0.0,                   # the papers train on single utterances
-    "paradigm.options.input_noise": 0.0,        # AR reads its true history (teacher forcing)
+    "paradigm.options.input_noise": 0.0,        # AR and NAR read true tokens (teacher forcing)
     "paradigm.options.finetune_spans": "one",   # SyncSpeech Eq. 3: one masked span per sequence
     "paradigm.options.text_positions": "sequence",  # NAR, CoD: one running position range
     "paradigm.options.text_layout": "pad",      # PALLE: the text padded to the speech length (Eqs. 6, 13)
