@@ -213,8 +213,8 @@ def build_coarse_tokens(kind: str, n_levels: int, codec_model: str | Path, split
     if not splits:
         raise ValueError("coarse tokens: give at least one split (the first is fitted on)")
     tables, latents = [], []
-    placeholder = [torch.zeros(0)] * (n_levels - 1)  # the tokenizer computes latents before it has codebooks
-    tokenizer = CoarseTokenizer(kind, n_levels, str(codec_model), placeholder,
+    unfitted = [torch.zeros(0)] * (n_levels - 1)  # empty until k-means fits them below: latents come first
+    tokenizer = CoarseTokenizer(kind, n_levels, str(codec_model), unfitted,
                                 info={"fitted_on": str(splits[0][0]), "seed": int(seed), "iters": int(iters)})
     with _deterministic(threads):
         for cuts_jsonl, features_in, _ in splits:
