@@ -350,6 +350,16 @@ def cmd_ladder(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {err}") from None
 
 
+def cmd_text_reliance(args: argparse.Namespace) -> None:
+    """Dev loss of a run's checkpoints with each utterance's own text and with another's
+    (arnar.evaluate.text_reliance): whether the model reads the text at all."""
+    from arnar.evaluate.text_reliance import markdown, run_text_reliance
+
+    rows = run_text_reliance(args.run_dir, args.checkpoints, dev_tokens=args.dev_tokens,
+                             dev_durations=args.dev_durations, shift=args.shift, out=args.out)
+    print(markdown(rows), end="")
+
+
 def _decoding_options(text: str) -> dict:
     """``--decoding``: a JSON object of decoding options (refused in one line otherwise)."""
     from arnar.synthesize import SynthesisInputError
@@ -602,6 +612,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_ladder)
+
+    p = sub.add_parser("text-reliance", help="dev loss of a run with each utterance's own text and with "
+                       "another's: whether the model reads its text (arnar.evaluate.text_reliance)")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--checkpoints", nargs="+", default=["best"], help="best, final, last or step_<N> (default: best)")
+    p.add_argument("--dev-tokens", required=True, help="token split folder the run was evaluated on (tokens/<codec>/dev)")
+    p.add_argument("--dev-durations", required=True, help="its durations JSONL (align/durations_<rate>hz/dev.jsonl)")
+    p.add_argument("--shift", type=int, help="utterance i reads the text of i + shift (default: half the list)")
+    p.add_argument("--out", help="write the rows as JSON here")
+    p.set_defaults(func=cmd_text_reliance)
 
     p = sub.add_parser("synthesize", help="speak text (or a whole test list) with a trained paradigm")
     p.add_argument("--run-dir", required=True, help="a training run (data/<profile>/runs/<paradigm>)")
