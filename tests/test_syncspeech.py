@@ -321,6 +321,37 @@ def test_packed_finetune_sequence_hand_worked():
         build_paradigm("syncspeech", VOCAB, TINY, finetune_spans="some")
 
 
+def test_input_noise_corrupts_the_spoken_spans_only():
+    """input_noise (not in the paper): in fine-tuning a share of the real speech tokens the sequence
+    reads is redrawn; the masks, text, markers, targets, positions and attention mask stay as they
+    were, and pre-training (Eq. 6) is not touched."""
+    speech = torch.arange(240) % 20  # 240 frames over 4 text tokens: the share replaced is measurable
+    utt = Utterance("u", "s", PAPER_TEXT, speech, torch.tensor([60, 120, 180, 240]))
+    for spans in ("all", "one"):
+        clean = build_paradigm("syncspeech", VOCAB, TINY, finetune_spans=spans)
+        noisy = build_paradigm("syncspeech", VOCAB, TINY, finetune_spans=spans, input_noise=0.5)
+        a = clean.training_example(utt, torch.Generator().manual_seed(3))
+        b = noisy.training_example(utt, torch.Generator().manual_seed(3))
+        assert torch.equal(a.targets, b.targets) and torch.equal(a.position_ids, b.position_ids)
+        assert torch.equal(a.attention_mask, b.attention_mask)
+        assert torch.equal(a.extras["duration_targets"], b.extras["duration_targets"])
+        spoken = VOCAB.is_speech(a.input_ids)
+        assert torch.equal(a.input_ids[~spoken], b.input_ids[~spoken])  # text, E, D and <mask>
+        assert bool(VOCAB.is_speech(b.input_ids[spoken]).all())
+        if spans == "all":  # the real utterance is in the sequence: all 240 frames are read
+            assert int(spoken.sum()) == 240
+            # each redrawn with p = 0.5, landing on the same code with p = 1/20: 0.475 change (sd 0.032)
+            assert 0.37 < float((a.input_ids[spoken] != b.input_ids[spoken]).float().mean()) < 0.58
+        again = noisy.training_example(utt, torch.Generator().manual_seed(3))
+        assert torch.equal(again.input_ids, b.input_ids)  # from the example's own generator
+    pretrain = {"stage": "pretrain", "input_noise": 0.5}
+    a = build_paradigm("syncspeech", VOCAB, TINY, stage="pretrain").training_example(utt, torch.Generator().manual_seed(1))
+    b = build_paradigm("syncspeech", VOCAB, TINY, **pretrain).training_example(utt, torch.Generator().manual_seed(1))
+    assert torch.equal(a.input_ids, b.input_ids)
+    with pytest.raises(ValueError, match="input_noise"):
+        build_paradigm("syncspeech", VOCAB, TINY, input_noise=1.0)
+
+
 @pytest.mark.parametrize("attention", ["hybrid", "causal"])
 def test_packed_finetuning_computes_what_decoding_computes(attention):
     """Fed the spans a cached streaming decoding produced, every copy of packed_finetune_sequence

@@ -315,6 +315,27 @@ def test_grad_accumulation_equals_full_batch():
     assert set(r1.metrics) == {"correct"} and 0 <= r1.metrics["correct"] <= 1
 
 
+def test_precision_bf16_autocasts_on_a_cpu_and_auto_stays_float32():
+    from arnar.train.config import TrainError, _autocast_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert _autocast_dtype("auto", cpu) is None and _autocast_dtype("fp32", cpu) is None
+    assert _autocast_dtype("bf16", cpu) is torch.bfloat16
+    assert _autocast_dtype("auto", cuda) is torch.bfloat16 and _autocast_dtype("fp32", cuda) is None
+    with pytest.raises(TrainError, match="precision"):
+        _autocast_dtype("fp16", cpu)
+    # the update under CPU autocast is a real bf16 update: close to float32's, not equal to it
+    examples = toy_batch_examples(toy_paradigm())
+    runs = {}
+    for dtype in (None, torch.bfloat16):
+        model = toy_paradigm()
+        opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, eps=ADAM_EPS)
+        runs[dtype] = optimizer_step(model, opt, [collate(examples)], lr=1e-3, grad_clip=0.0, autocast_dtype=dtype)
+    assert math.isfinite(runs[torch.bfloat16].loss)
+    assert runs[torch.bfloat16].loss == pytest.approx(runs[None].loss, rel=0.02)
+    assert runs[torch.bfloat16].loss != runs[None].loss
+
+
 # ----------------------------------------------------------------------------- DDP
 
 @pytest.fixture(scope="module")
