@@ -149,3 +149,17 @@ def test_a_paradigm_with_a_size_of_its_own_gets_its_own_matmul(tmp_path, monkeyp
     for r in (ar, cod):
         assert r["share_of_matmul"] == pytest.approx(r["flops_per_s"] / rates[tuple(r["matmul"])])
     assert "cod: tiny_cod" in tt.describe(result) and "[54, 48] x [48, 96]" in tt.describe(result)
+
+
+def test_precision_bench_times_both_precisions_side_by_side(tmp_path, capsys):
+    tp = load("train_precision")
+    out = tmp_path / "precision.json"
+    assert tp.main(["--model", "tiny", "--paradigms", "ar", "nar", "--repeats", "1", "--batch", "2",
+                    "--frames", "12", "--text", "4", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["results"]) == ["ar", "nar"]
+    for row in result["results"].values():
+        fp32, bf16 = row["seconds_per_update"]["fp32"], row["seconds_per_update"]["bf16"]
+        assert fp32 > 0 and bf16 > 0 and row["fp32_over_bf16"] == pytest.approx(fp32 / bf16)
+    table = capsys.readouterr().out
+    assert "fp32/bf16" in table and table.count("\n") == 4  # two header lines and one row per paradigm
