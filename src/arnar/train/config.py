@@ -3,7 +3,6 @@ the engine's error."""
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-log = logging.getLogger("arnar.train")  # one logger for the whole engine
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -81,7 +79,7 @@ def _options(cfg: DictConfig) -> dict[str, Any]:
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of ``train.precision`` on ``device`` (None: float32). ``auto`` is bf16 on
     CUDA and float32 elsewhere; ``bf16`` asks for CPU autocast too, which on a CPU with AVX-512 BF16
-    ran the small model's update ~1.5x faster (bench/train_throughput.py --precisions fp32 bf16); it
+    ran the small model's update 1.4-1.6x faster (bench/train_precision.py); it
     is a choice to measure, not a default, since it changes the numbers a CPU run reproduces."""
     if precision not in ("auto", "bf16", "fp32"):
         raise TrainError(f"train.precision must be auto, bf16 or fp32, got {precision!r}")
