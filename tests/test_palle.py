@@ -146,6 +146,36 @@ def test_stage_one_suffix_scoring_option_scores_every_masked_frame():
         span_mask(20, torch.Generator(), span_scoring="right_most")
 
 
+def test_input_noise_corrupts_only_the_unmasked_frames_after_the_prompt_share():
+    # input_noise (not in the paper): frames floor(0.3 T) .. s-1 (stage one) or the unmasked frames
+    # after floor(0.3 T) (stage two) are read as random codes; the first floor(0.3 T) frames, the
+    # masked frames and every target stay as without the option
+    T, n_prompt = 40, 12
+    utt = Utterance("spk00_0000", "spk00", torch.tensor([1, 2, 3]), torch.arange(T) % 12)
+    codes = VOCAB.speech(utt.speech)
+    for stage in (1, 2):
+        plain = stage_two_model() if stage == 2 else build_paradigm("palle", VOCAB, TINY)
+        noisy = stage_two_model(input_noise=0.5) if stage == 2 else build_paradigm("palle", VOCAB, TINY, input_noise=0.5)
+        changed = eligible = 0
+        for seed in range(30):
+            ref = plain.training_example(utt, torch.Generator().manual_seed(seed))
+            ex = noisy.training_example(utt, torch.Generator().manual_seed(seed))
+            masked = ex.input_ids == MASK
+            assert (masked == (ref.input_ids == MASK)).all()  # the mask is drawn first: the same
+            assert torch.equal(ex.targets, ref.targets)
+            assert torch.equal(ex.input_ids[:n_prompt], codes[:n_prompt])
+            assert VOCAB.is_speech(ex.input_ids[~masked]).all()
+            after = ~masked & (torch.arange(T) >= n_prompt)
+            changed += int((ex.input_ids[after] != codes[after]).sum())
+            eligible += int(after.sum())
+            again = noisy.training_example(utt, torch.Generator().manual_seed(seed))
+            assert torch.equal(again.input_ids, ex.input_ids)  # reproducible from the example's generator
+        # rate 0.5, a draw of the same code 1 time in 12: 0.5 * 11 / 12 = 0.458 of the eligible frames change
+        assert eligible > 200 and abs(changed / eligible - 0.458) < 0.08
+    with pytest.raises(ValueError, match="input_noise"):
+        build_paradigm("palle", VOCAB, TINY, input_noise=1.0)
+
+
 def test_stage_two_mask_only_after_prompt_at_rate_p():
     T, n_prompt, draws = 40, 12, 2000
     counts = torch.zeros(T)

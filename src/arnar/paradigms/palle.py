@@ -21,6 +21,12 @@ Training (one :class:`Example` per utterance: ``input_ids`` = the speech stream,
   ``span_scoring: suffix``, not in the paper: on every masked frame).
 * stage two (Eq. 10): frames after ``floor(0.3 T)`` are masked independently with ``p = 0.1``; the
   loss is on the masked frames.
+* input noise (option ``input_noise``, not in the paper; default 0 = the paper's true history):
+  a share of the *unmasked* frames after ``floor(0.3 T)`` is replaced by random codes before the
+  network reads them; the targets stay the true codes. At test time those frames are the model's
+  own: stage one reads the spans it committed, stage two reads stage one's output. This is AR's
+  ``input_noise`` for a span model; the first ``floor(0.3 T)`` frames stand for the prompt, real
+  speech at test time, and are never corrupted.
 
 Decoding (palle.txt 4.3): ``T_gen`` from the request or Eq. 11, times ``duration_multiplier``
 (Fig. 5). Two rules, each with the paper's as the default and the project's earlier one as a named
@@ -56,6 +62,7 @@ from arnar.decode.sampling import sample_tokens
 from arnar.decode.schedules import total_frames_estimate
 from arnar.paradigms import register_paradigm
 from arnar.paradigms.base import (
+    corrupt,
     decoding_options,
     IGNORE,
     MASK,
@@ -315,9 +322,11 @@ class PALLE(Paradigm):
     def __init__(self, vocab, model, *, stage: int = 1, prompt_ratio: float = 0.3, span_ratio: float = 0.1,
                  refine_mask_prob: float = 0.1, convnext_kernel: int = 7, convnext_ffn_ratio: float = 2.0,
                  conv_pos_kernel: int = 7, conv_pos_groups: int = 16, text_layout: str = "pad",
-                 span_scoring: str = "left_most", **unknown: Any):
+                 span_scoring: str = "left_most", input_noise: float = 0.0, **unknown: Any):
         if unknown:
             raise ValueError(f"PALLE: unknown options {sorted(unknown)}")
+        if not 0.0 <= float(input_noise) < 1.0:
+            raise ValueError(f"PALLE input_noise must lie in [0, 1), got {input_noise}")
         if span_scoring not in SPAN_SCORINGS:
             raise ValueError(f"PALLE span_scoring must be one of {SPAN_SCORINGS}, got {span_scoring!r}")
         if text_layout not in TEXT_LAYOUTS:
@@ -333,8 +342,9 @@ class PALLE(Paradigm):
                         "conv_pos_kernel": conv_pos_kernel, "conv_pos_groups": conv_pos_groups}
         super().__init__(vocab, model, stage=stage, prompt_ratio=prompt_ratio, span_ratio=span_ratio,
                          refine_mask_prob=refine_mask_prob, text_layout=text_layout, span_scoring=span_scoring,
-                         **architecture)
+                         input_noise=float(input_noise), **architecture)
         self.text_layout, self.span_scoring = text_layout, span_scoring
+        self.input_noise = float(input_noise)
         # The base class's single embed/backbone/head would be dead weights here (in the checkpoint,
         # the parameter count and, without gradients, an error for DDP): each network has its own.
         del self.embed, self.backbone, self.head
@@ -370,7 +380,12 @@ class PALLE(Paradigm):
             masked, scored, _ = span_mask(T, generator, self.prompt_ratio, self.span_ratio, self.span_scoring)
         else:
             masked = scored = refine_mask(T, generator, self.prompt_ratio, self.refine_mask_prob)
-        inputs = torch.where(masked, torch.tensor(MASK), speech)
+        read = utt.speech
+        if self.input_noise > 0:  # drawn only when set, so runs without it keep their draws
+            generated = ~masked & (torch.arange(T) >= _floor(self.prompt_ratio, T))
+            noisy = corrupt(utt.speech, self.input_noise, self.vocab.speech_size, generator)
+            read = torch.where(generated, noisy, utt.speech)
+        inputs = torch.where(masked, torch.tensor(MASK), self.vocab.speech(read))
         targets = torch.where(scored, speech, torch.tensor(IGNORE))
         return Example(inputs, torch.arange(T), targets, torch.ones(T, T, dtype=torch.bool),
                        extras={"text_ids": text_stream(self.vocab, utt.text, T, self.text_layout)})
