@@ -338,7 +338,8 @@ def cmd_resynthesize(args: argparse.Namespace) -> None:
 
 def cmd_ladder(args: argparse.Namespace) -> None:
     """The teacher-forced rung of the diagnostic ladder (arnar.evaluate.ladder): a next-token run
-    fed the true prompt and target tokens; its argmax predictions decoded to audio."""
+    (or PALLE's stage one, span by span) fed the true prompt and target tokens; its argmax
+    predictions decoded to audio."""
     from arnar.evaluate.ladder import teacher_forced_testlist
     from arnar.synthesize import Synthesizer
 
@@ -599,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_resynthesize)
 
-    p = sub.add_parser("ladder", help="teacher-forced rung of the diagnostic ladder: a next-token run fed the "
+    p = sub.add_parser("ladder", help="teacher-forced rung of the diagnostic ladder: a next-token run (or PALLE stage one) fed the "
                        "true tokens, its argmax predictions decoded (evaluate it like any system)")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoint", default="best")

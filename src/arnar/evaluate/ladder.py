@@ -14,9 +14,13 @@ The ladder reads one test list four ways, each judged by the same ASR:
 
 The sequence is the one the model decodes at test time (the prompt's transcript and speech as a
 prefix, cross-sentence or continuation alike), so the rung measures the test layout, not the
-training one. Teacher forcing is defined for next-token paradigms (``ar``): each target token is
-predicted from the true tokens before it. A masked paradigm predicts what is masked from what is
-not, so there is no single teacher-forced reading of it; it is refused with that reason.
+training one. Teacher forcing is defined where a paradigm's decoding fills the target left to
+right from the history before it: next-token paradigms (``ar``: each target token from the true
+tokens before it) and PALLE's stage one (each span of Eq. 14's schedule, at the paper's 100 steps,
+from the true prompt and true frames before the span, every frame after it masked; stage two is
+not run). Other masked paradigms predict what is masked from what is not, in an order their own
+confidence picks, so there is no single teacher-forced reading of them; they are refused with
+that reason.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-TEACHER_FORCED = ("ar",)  # paradigms whose every target token is predicted from the true history
+TEACHER_FORCED = ("ar", "palle")  # paradigms whose target is filled left to right from the history before it
+SPANS_PER_PASS = 16  # PALLE: spans predicted in one batched pass (bounds the [B, S, S] attention)
 
 
 def teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torch.Tensor,
@@ -46,8 +51,10 @@ def teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torch.Tens
     from arnar.paradigms.ar import ar_sequence
 
     if model.name not in TEACHER_FORCED:
-        raise ValueError(f"teacher forcing is defined for next-token paradigms {TEACHER_FORCED}; "
+        raise ValueError(f"teacher forcing is defined for paradigms that fill the target left to right {TEACHER_FORCED}; "
                          f"{model.name!r} predicts masked tokens from unmasked ones (no single teacher-forced reading)")
+    if model.name == "palle":
+        return palle_teacher_forced_codes(model, text, prompt_text, prompt_speech, target_speech)
     vocab = model.vocab
     sequence = ar_sequence(vocab, torch.cat([prompt_text, text]), torch.cat([prompt_speech, target_speech]))[:-1]
     device = model.embed.weight.device
@@ -58,6 +65,45 @@ def teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torch.Tens
     predicting = logits[len(sequence) - n - 1: len(sequence) - 1, vocab.speech_offset:]
     codes = predicting.argmax(-1).cpu()
     accuracy = float((codes == target_speech.long()).float().mean()) if n else 0.0
+    return codes, accuracy
+
+
+def palle_teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torch.Tensor,
+                               prompt_speech: torch.Tensor, target_speech: torch.Tensor,
+                               steps: int = 100) -> tuple[torch.Tensor, float]:
+    """PALLE stage one fed the true history: for each span of Eq. 14's schedule (``steps`` passes
+    at the fixed ratio, ``T`` = prompt + true target length), the argmax codes of that span from
+    the true prompt and the true frames before it, every frame from the span on ``<mask>`` and the
+    text stream of the run's layout over the whole length (Eqs. 12-13). Returns the codes of all
+    spans in order and the share that is right."""
+    from arnar.paradigms.base import MASK
+    from arnar.paradigms.palle import stage_one_spans, text_stream
+
+    vocab = model.vocab
+    n_prompt, n = len(prompt_speech), len(target_speech)
+    if n == 0:
+        return torch.zeros(0, dtype=torch.long), 0.0
+    total = n_prompt + n
+    speech = vocab.speech(torch.cat([prompt_speech, target_speech]))
+    text_ids = text_stream(vocab, torch.cat([prompt_text, text]), total, model.text_layout)
+    starts, start = [], n_prompt
+    for size in stage_one_spans(n, steps, total):
+        starts.append((start, size))
+        start += size
+    device = next(model.parameters()).device
+    codes = torch.empty(n, dtype=torch.long)
+    with torch.no_grad():
+        for first in range(0, len(starts), SPANS_PER_PASS):
+            chunk = starts[first:first + SPANS_PER_PASS]
+            frame = torch.arange(total)
+            batch = torch.stack([torch.where(frame >= s, torch.tensor(MASK), speech) for s, _ in chunk])
+            B = len(chunk)
+            logits = model.logits(batch.to(device), frame.expand(B, total).to(device),
+                                  torch.ones(B, total, total, dtype=torch.bool, device=device),
+                                  text_ids=text_ids.expand(B, total).to(device), stage=1)
+            for b, (s, size) in enumerate(chunk):
+                codes[s - n_prompt: s - n_prompt + size] = logits[b, s:s + size, vocab.speech_offset:].argmax(-1).cpu()
+    accuracy = float((codes == target_speech.long()).float().mean())
     return codes, accuracy
 
 
