@@ -7,6 +7,7 @@ DVC does not delete them before calling it.
 """
 
 import hashlib
+import re
 import shutil
 import subprocess
 
@@ -72,7 +73,7 @@ def team_repo(smoke, tmp_path_factory):
     (work / "scripts").mkdir()
     shutil.copy2(REPO_ROOT / "scripts/pull.sh", work / "scripts/pull.sh")
     params = work / "params.yaml"
-    params.write_text(params.read_text().replace("profile: mini", "profile: smoke", 1))
+    params.write_text(re.sub(r"^profile: \w+", "profile: smoke", params.read_text(), count=1, flags=re.M))
     remote = tmp_path / "remote"
     git(work, "init", "-q")
     run([DVC, "remote", "modify", "local", "url", str(remote)], work)
