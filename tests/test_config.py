@@ -48,7 +48,7 @@ def test_deep_merge_does_not_mutate():
         ({"workers": 0}, "workers: 0 is less than the minimum of 1"),
         ({"extra_section": {}}, "<top level>: Additional properties are not allowed ('extra_section'"),
         ({"validation": {"min_duration": 40.0}}, "min_duration (40.0) must be below max_duration"),
-        ({"profiles": {"mini": {"corpus": {"test_speakers": 30}}}}, "test_speakers (30) must be fewer than speakers"),
+        ({"profiles": {"speak": {"corpus": {"test_speakers": 30}}}}, "test_speakers (30) must be fewer than speakers"),
     ],
 )
 def test_schema_errors_name_the_key(override, message):
