@@ -39,6 +39,9 @@ rule align:
     # small splits take one process: a job of two threads waits until no training job holds a
     # core, and the test split's timings are what synthesis waits for
     threads: lambda wildcards: P["workers"] if wildcards.split == "train" else 1
+    # the path to training goes before evaluation jobs (priority 0): on speak the dev-split judge
+    # audit (12 min on both cores) ran ahead of the train split's alignment and held up every run
+    priority: 1
     conda:
         CORE_ENV
     shell:
@@ -59,6 +62,7 @@ rule align_codec_labels:
         aligner="pocketsphinx",
     log:
         f"{LOGS}/align_{{aligner}}_codec_labels.log",
+    priority: 1  # as align
     threads: P["workers"]
     conda:
         CORE_ENV
@@ -127,6 +131,7 @@ rule bpe_durations:
         rate=r"[0-9.]+",
     log:
         f"{LOGS}/bpe_durations_{{rate}}hz_{{split}}.log",
+    priority: 1  # as align
     conda:
         CORE_ENV
     shell:

@@ -20,6 +20,7 @@ rule train_codec:
     threads: 2
     log:
         f"{LOGS}/train_codec.log",
+    priority: 1  # as align: training waits for the codec and its tokens
     conda:
         CORE_ENV
     shell:
@@ -44,6 +45,7 @@ rule tokenize:
         gpu=lambda wildcards: int(wildcards.codec in ("s3", "dac")),  # hub codecs: a GPU on a cluster
     log:
         f"{LOGS}/tokenize_{{codec}}_{{split}}.log",
+    priority: 1  # as align
     conda:
         CORE_ENV
     shell:

@@ -18,6 +18,7 @@ rule cod_features:
         split="train|dev",
     log:
         f"{LOGS}/cod_features_{{split}}.log",
+    priority: 1  # as align
     conda:
         CORE_ENV
     shell:
