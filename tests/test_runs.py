@@ -59,3 +59,15 @@ def test_arnar_runs_lists_runs_chains_and_systems(capsys):
     assert rows["delta"].startswith("reads ar ")
     assert rows["cod_paper"].split() == ["base", "cod", "cod_paper", "cod_paper_seed2"]
     assert rows["syncspeech_q2"].startswith("init_from syncspeech_pretrain, base syncspeech ")
+
+
+def test_the_default_profile_trains_the_six_and_one_cod_row():
+    """speak (two hours on 2 cores) drops the paper's CoD row: no cod_paper system, and so no run
+    of it among the runs its systems need; mini keeps it."""
+    speak = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "speak"}))
+    systems = {run for run, _ in speak.paradigm_systems.values()}
+    assert "cod" in systems and "cod_paper" not in systems
+    assert not any(s.startswith("cod_paper") for s in speak.paradigm_systems)
+    assert set(systems) == {"ar", "nar", "syncspeech", "palle", "delta", "cod"}
+    mini = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "mini"}))
+    assert mini.paradigm_systems["cod_paper_seed3"] == ("cod_paper", {})

@@ -188,6 +188,8 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     # seeds (system, system_seed2, ...), so the report can show the spread over seeds
     n_seeds = params["evaluation"]["synthesis_seeds"]
     paradigm_systems = {s: run for p in train["paradigms"] for s, run in SYSTEMS_OF[p].items()}
+    if not train["cod_paper"]:  # a profile short of time keeps the project's CoD row (`cod`) only
+        paradigm_systems.pop("cod_paper", None)
     seeds_of = {s: [s] + [f"{s}_seed{k}" for k in range(2, n_seeds + 1)] for s in paradigm_systems}
     system_seed = {f"{s}_seed{k}": params["seed"] + k - 1 for s in paradigm_systems for k in range(2, n_seeds + 1)}
     for system, replicas in seeds_of.items():
