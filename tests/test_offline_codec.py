@@ -92,7 +92,9 @@ def corpus(tmp_path_factory):
 def trained(corpus, tmp_path_factory):
     cuts, align, _ = corpus
     out = tmp_path_factory.mktemp("offline_model") / "codec"
-    report = train_offline_codec(cuts, align, out, seed=7, progress=False, **TINY)
+    # the DAG's call: the codec also writes its training clips' token set (tokens/offline/train)
+    report = train_offline_codec(cuts, align, out, seed=7, progress=False,
+                                 tokens_out=out.parent / "tokens", tokens_split="train", **TINY)
     return out, report
 
 
@@ -306,6 +308,29 @@ def test_token_shards_round_trip(trained, corpus, tmp_path):
     write_token_shards(tmp_path, "test", tokens, codec)
     back = read_token_shards(tmp_path / "test", expect_codec_hash=load_codec("offline", model=out).config_hash())
     assert all(np.array_equal(back[k], v) for k, v in tokens.items())
+
+
+def test_training_writes_the_token_set_tokenize_writes(trained, corpus, tmp_path):
+    """The train split's tokens written by the codec's training, from its own front-end features,
+    are byte for byte the set `arnar tokenize --codec offline` writes of the same clips (one
+    clip at a time from the wav files, front end run again), and name the saved codec."""
+    out, report = trained
+    written = out.parent / "tokens" / "train"
+    codec = load_codec("offline", model=out)
+    wavs = corpus[2]
+    tokens = {w.stem: c for w, c in zip(wavs, codec.encode([sf.read(str(w), dtype="float32")[0] for w in wavs], 16000))}
+    write_token_shards(tmp_path, "train", tokens, codec)
+    assert sorted(p.name for p in written.iterdir()) == sorted(p.name for p in (tmp_path / "train").iterdir())
+    for f in (tmp_path / "train").iterdir():
+        assert (written / f.name).read_bytes() == f.read_bytes(), f.name
+    assert len(read_token_shards(written, expect_codec_hash=codec.config_hash())) == len(wavs)
+    assert "train_tokens" in report["seconds"]
+
+
+def test_semantic_tokens_from_inputs_refuses_the_rvq_stream(trained):
+    out, _ = trained
+    with pytest.raises(CodecError, match="RVQ stream"):
+        load_codec("offline_rvq", model=out).semantic_tokens(None)
 
 
 # --------------------------------------------------------------------------- loading errors, features

@@ -293,7 +293,9 @@ def cmd_train_codec(args: argparse.Namespace) -> None:
 
     sizes = json.loads(args.sizes) if args.sizes else {}
     report = train_offline_codec(Path(args.cuts), Path(args.alignments) if args.alignments else None,
-                                 Path(args.out), seed=args.seed, threads=args.threads, **sizes)
+                                 Path(args.out), seed=args.seed, threads=args.threads,
+                                 tokens_out=Path(args.tokens_out) if args.tokens_out else None,
+                                 tokens_split=args.tokens_split, **sizes)
     log.info("offline codec trained: %s", json.dumps({k: v for k, v in report.items() if not isinstance(v, (list, dict))}))
 
 
@@ -579,6 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", help="JSON object of recipe options (arnar.codec.offline.DEFAULTS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tokens-out", help="also write the semantic tokens of --cuts as the token set "
+                   "<tokens-out>/<tokens-split>/ (what `arnar tokenize --codec offline` writes of them)")
+    p.add_argument("--tokens-split", default="train", help="split name of --tokens-out (default train)")
     p.set_defaults(func=cmd_train_codec)
 
     p = sub.add_parser("tokenize", help="encode one split with a codec into token shards")

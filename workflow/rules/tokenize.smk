@@ -7,6 +7,14 @@
 
 CODEC = P["codec"]
 
+# The codec's training computes the front end (Moonshine's encoder) of every train-split clip,
+# which is most of what tokenizing that split costs, so it writes the train split's 25 Hz token
+# set itself (7 of the speak DAG's thread-minutes); the tokenize rule makes the other sets.
+CODEC_WRITES_TRAIN_TOKENS = "offline" in CODEC["tokenizers"]
+CODEC_TRAIN_TOKENS = {"train_tokens": f"{DATA}/tokens/offline/train/manifest.json"} if CODEC_WRITES_TRAIN_TOKENS else {}
+
+ruleorder: train_codec > tokenize
+
 rule train_codec:
     """Train the offline codec: phone-supervised 25 Hz tokens, an RVQ stack, a prompted decoder."""
     input:
@@ -14,9 +22,11 @@ rule train_codec:
         alignments=CODEC_LABELS,  # the aligner's phones (align.smk: all of train, or a subset)
     output:
         model=directory(f"{DATA}/codec/offline"),
+        **CODEC_TRAIN_TOKENS,
     params:
         sizes=json.dumps(CODEC["offline"], sort_keys=True),
         seed=P["seed"],
+        tokens=f"--tokens-out {DATA}/tokens/offline --tokens-split train" if CODEC_WRITES_TRAIN_TOKENS else "",
     threads: 2
     log:
         f"{LOGS}/train_codec.log",
@@ -25,7 +35,7 @@ rule train_codec:
         CORE_ENV
     shell:
         "arnar train-codec --cuts {input.cuts} --alignments {input.alignments} --out {output.model}"
-        " --sizes '{params.sizes}' --seed {params.seed} --threads {threads} 2> {log}"
+        " --sizes '{params.sizes}' --seed {params.seed} --threads {threads} {params.tokens} 2> {log}"
 
 
 rule tokenize:

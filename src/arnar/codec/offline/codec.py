@@ -161,15 +161,31 @@ class OfflineCodec:
     def _latents(self, clip: np.ndarray):
         torch = _torch()
         if self.stream == "semantic":
-            x = torch.from_numpy(self._encoder_inputs(clip, log_mel(clip, SEMANTIC_STACK)))[None].to(self.device)
-            return self.encoder.features(x, self.cfg.get("token_layer", "bottleneck"))[0].cpu()
+            return self._semantic_latents(torch.from_numpy(self._encoder_inputs(clip, log_mel(clip, SEMANTIC_STACK))))
         mel = torch.from_numpy(log_mel(clip, RVQ_STACK))
         return ((mel - self.mean) / self.std).reshape(-1, RVQ_STACK * N_MELS)
+
+    def _semantic_latents(self, encoder_inputs):
+        x = encoder_inputs[None].to(self.device)
+        return self.encoder.features(x, self.cfg.get("token_layer", "bottleneck"))[0].cpu()
+
+    def semantic_tokens(self, encoder_inputs) -> np.ndarray:
+        """The semantic stream's ``int64 [1, T]`` tokens of one clip from its encoder inputs
+        (``float32 [T, D]`` torch, what the front end makes of the clip): :meth:`encode` without
+        the front end, for a caller that has computed it already (the codec's own training
+        writes the train split's tokens this way, :func:`~arnar.codec.offline.train.write_train_tokens`)."""
+        if self.stream != "semantic":
+            raise CodecError("semantic_tokens: this is the RVQ stream")
+        with self._threads():
+            return self._semantic_tokens(encoder_inputs)
+
+    def _semantic_tokens(self, encoder_inputs) -> np.ndarray:
+        return _assign(self._semantic_latents(encoder_inputs), self.centroids).numpy().astype(np.int64)[None, :]
 
     def _encode_one(self, clip: np.ndarray) -> np.ndarray:
         torch = _torch()
         if self.stream == "semantic":
-            return _assign(self._latents(clip), self.centroids).numpy().astype(np.int64)[None, :]
+            return self._semantic_tokens(torch.from_numpy(self._encoder_inputs(clip, log_mel(clip, SEMANTIC_STACK))))
         res = self._latents(clip)
         codes = []
         for cb in self.codebooks:
