@@ -71,3 +71,18 @@ def test_the_default_profile_trains_the_six_and_one_cod_row():
     assert set(systems) == {"ar", "nar", "syncspeech", "palle", "delta", "cod"}
     mini = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "mini"}))
     assert mini.paradigm_systems["cod_paper_seed3"] == ("cod_paper", {})
+
+
+def test_a_decoding_that_draws_nothing_from_the_seed_speaks_once():
+    """speak decodes DELTA at temperature 0 (argmax commits): its seeds would give the same audio,
+    so it is synthesized once; every sampling system keeps its replicas and their seeds. mini
+    samples DELTA (the paper's temperature 1) and keeps three."""
+    speak = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "speak"}))
+    assert speak.seeds_of["delta"] == ["delta"]
+    assert not any(s.startswith("delta_seed") for s in speak.paradigm_systems)
+    assert speak.seeds_of["ar"] == ["ar", "ar_seed2", "ar_seed3"]
+    assert (speak.system_seed["ar_seed2"], speak.system_seed["ar_seed3"]) == (1235, 1236)
+    assert "delta_seed2" not in speak.system_seed
+    mini = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "mini"}))
+    assert mini.seeds_of["delta"] == ["delta", "delta_seed2", "delta_seed3"]
+    assert mini.system_seed["delta_seed3"] == 1236

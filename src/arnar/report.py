@@ -180,7 +180,10 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
             ]
             lines.append("| " + " | ".join(row) + " |")
         models = ", ".join(f"{n}: {first['asr'][n]['model']}{judge_fingerprint(first['asr'][n])}" for n in asr_names)
-        seeds_note = (f" Paradigm rows: mean ± standard deviation over {seeds} synthesis seeds (speed columns: mean)."
+        once = [s for s, replicas in layout.comparison.items() if len(replicas) == 1]
+        seeds_note = (f" Paradigm rows: mean ± standard deviation over {seeds} synthesis seeds (speed columns: mean)"
+                      + (f"; {', '.join(f'`{s}`' for s in once)} spoke once: its decoding draws nothing from the "
+                         "seed (greedy), so every seed gives the same audio." if once else ".")
                       if seeds > 1 else "")
         present = {s for s, _ in rows}
         notes = ["; ".join(f"`{s}`: {text}" for s, text in group.items()) + "."

@@ -63,6 +63,16 @@ SYSTEMS_OF = {
 DELTA_VARIANTS = ("delta_noconv", "delta_lora_budget", "delta_noprompt", "delta_unfrozen")
 
 
+def draws_from_seed(system: str, decoding: dict) -> bool:
+    """Whether a comparison system's decoding (its options, the profile's on top) draws anything
+    from its synthesis seed. DELTA at temperature 0 commits each step's argmax codes in order of
+    confidence and draws nothing: every seed gives the same audio (speak, 2026-12-05: the three
+    seeds' wavs were the same bytes), so it speaks once and its row has no spread. Every other
+    decoding here samples (AR's greedy top-k 1 too: CosyVoice's repetition-aware resampling
+    draws where a code repeats)."""
+    return not (system == "delta" and decoding.get("temperature") == 0)
+
+
 def ablations(delta_source: str = "ar") -> dict[str, tuple[str, dict[str, tuple[str, dict]]]]:
     """Ablations named in training.ablations -> (the paradigm they vary, their extra systems); the
     one-knob sweeps are grids (training.grids, arnar.ablations.GRIDS)."""
@@ -190,8 +200,11 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     paradigm_systems = {s: run for p in train["paradigms"] for s, run in SYSTEMS_OF[p].items()}
     if not train["cod_paper"]:  # a profile short of time keeps the project's CoD row (`cod`) only
         paradigm_systems.pop("cod_paper", None)
-    seeds_of = {s: [s] + [f"{s}_seed{k}" for k in range(2, n_seeds + 1)] for s in paradigm_systems}
-    system_seed = {f"{s}_seed{k}": params["seed"] + k - 1 for s in paradigm_systems for k in range(2, n_seeds + 1)}
+    seeds_of = {s: [s] + [f"{s}_seed{k}" for k in range(2, n_seeds + 1)
+                          if draws_from_seed(s, {**options, **train["decoding"].get(s, {})})]
+                for s, (_, options) in paradigm_systems.items()}
+    system_seed = {replica: params["seed"] + k for replicas in seeds_of.values() for k, replica in enumerate(replicas)
+                   if k > 0}
     for system, replicas in seeds_of.items():
         paradigm_systems.update({replica: paradigm_systems[system] for replica in replicas[1:]})
     system_tasks: dict[str, list[str]] = {}
