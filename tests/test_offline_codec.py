@@ -313,10 +313,10 @@ def test_token_shards_round_trip(trained, corpus, tmp_path):
 def test_training_writes_the_token_set_tokenize_writes(trained, corpus, tmp_path):
     """The train split's tokens written by the codec's training, from its own front-end features,
     are byte for byte the set `arnar tokenize --codec offline` writes of the same clips (one
-    clip at a time from the wav files, front end run again), and name the saved codec."""
+    clip at a time from the wav files, front end run again, one thread), and name the saved codec."""
     out, report = trained
     written = out.parent / "tokens" / "train"
-    codec = load_codec("offline", model=out)
+    codec = load_codec("offline", model=out, threads=1)  # the tokenize rule's one-thread job
     wavs = corpus[2]
     tokens = {w.stem: c for w, c in zip(wavs, codec.encode([sf.read(str(w), dtype="float32")[0] for w in wavs], 16000))}
     write_token_shards(tmp_path, "train", tokens, codec)
