@@ -86,3 +86,22 @@ def test_a_decoding_that_draws_nothing_from_the_seed_speaks_once():
     mini = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "mini"}))
     assert mini.seeds_of["delta"] == ["delta", "delta_seed2", "delta_seed3"]
     assert mini.system_seed["delta_seed3"] == 1236
+
+
+def test_start_from_ar_chains_runs_to_ar_and_refuses_what_cannot():
+    """training.start_from_ar: the listed runs start from ar (init_from, tensors matched by name and
+    shape), so their lineage and budget include ar's; ar itself, a run already chained to another,
+    an unknown run and CoD's acoustic-stack runs (another vocabulary) are refused by name."""
+    params = load_params(REPO_ROOT / "params.yaml", {"profile": "smoke"})
+    params["training"]["start_from_ar"] = ["nar", "syncspeech_pretrain", "palle_stage1"]
+    registry = run_registry(params)
+    assert registry.runs["nar"] == {"config": "nar", "init_from": "ar", "init_matching": True}
+    assert registry.lineage("nar") == ["ar", "nar"]
+    assert registry.lineage("syncspeech") == ["ar", "syncspeech_pretrain", "syncspeech"]
+    assert registry.lineage("palle") == ["ar", "palle_stage1", "palle"]
+    assert "init_matching" not in registry.runs["palle"]  # stage two still loads stage one strictly
+    for run, reason in [("ar", "not a run"), ("nope", "not a run"), ("palle", "already starts from"),
+                        ("delta", "already starts from"), ("cod", "acoustic stack")]:
+        params["training"]["start_from_ar"] = [run]
+        with pytest.raises(RunsError, match=reason):
+            run_registry(params)

@@ -529,3 +529,57 @@ def test_second_stage_restarts_when_its_first_stage_changed(data, tmp_path, capl
     with caplog.at_level("INFO", logger="arnar.train"):
         assert main(stage_two) == 0
     assert "starting this run afresh" in caplog.text and f"initialised from {first}" in caplog.text
+
+
+def test_matching_init_starts_another_paradigm_from_the_trained_ar(tmp_path):
+    """training.start_from_ar (train.init_matching): a run of another paradigm loads every tensor
+    of the AR checkpoint whose name and shape it has, nested networks included (PALLE's
+    stage_one.backbone... reads AR's backbone...), and keeps its own fresh tensors (SyncSpeech's
+    duration head, PALLE's text encoder); a model sharing nothing with the source is refused, and
+    so is another vocabulary. Strict init_from still refuses a model of another paradigm."""
+    from arnar.paradigms import build_paradigm
+    from arnar.paradigms.base import Vocab
+    from arnar.train import Distributed, _init_from
+    from arnar.train.checkpoints import matching_tensors
+
+    vocab, tiny = Vocab(text_size=10, speech_size=20), {"dim": 32, "n_layers": 2, "n_heads": 4, "dropout": 0.0}
+    torch.manual_seed(0)
+    ar = build_paradigm("ar", vocab, tiny)
+    with torch.no_grad():
+        for weight in ar.parameters():
+            weight.normal_(std=0.5)
+    source = ar.state_dict()
+    torch.save({"model": source, "vocab": vocab.to_dict(), "step": 9, "paradigm": "ar"}, tmp_path / "best.pt")
+
+    # hand-worked matching: exact names first, then a nested name ending in "." + the source's
+    shaped = {"embed.weight": torch.zeros(3, 2), "head.weight": torch.zeros(2, 2)}
+    nested = {"stage_one.embed.weight": torch.ones(3, 2), "stage_one.head.weight": torch.ones(5, 2),
+              "embed.weight": torch.ones(3, 2), "flag": torch.ones(())}
+    assert set(matching_tensors(shaped, nested)) == {"stage_one.embed.weight", "embed.weight"}
+
+    torch.manual_seed(1)
+    sync = build_paradigm("syncspeech", vocab, tiny, stage="pretrain")
+    fresh_head = sync.duration_head.weight.detach().clone()
+    _init_from(sync, tmp_path, vocab, Distributed(), matching=True)
+    loaded = sync.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in source.items())  # AR's every tensor, the head included
+    assert torch.equal(sync.duration_head.weight, fresh_head)
+
+    torch.manual_seed(2)
+    palle = build_paradigm("palle", vocab, tiny, stage=1)
+    fresh_encoder = {k: v.clone() for k, v in palle.stage_one.text_encoder.state_dict().items()}
+    with pytest.raises(TrainError, match="does not fit"):
+        _init_from(palle, tmp_path, vocab, Distributed())
+    _init_from(palle, tmp_path, vocab, Distributed(), matching=True)
+    backbone = {k: v for k, v in source.items() if k.startswith("backbone.")}
+    assert backbone and all(torch.equal(palle.stage_one.state_dict()[k], v) for k, v in backbone.items())
+    assert torch.equal(palle.stage_one.embed.weight, source["embed.weight"])
+    assert all(torch.equal(palle.stage_one.text_encoder.state_dict()[k], v) for k, v in fresh_encoder.items())
+    assert not bool(palle.stage_two_initialised)
+
+    wider = build_paradigm("nar", vocab, {**tiny, "dim": 48})
+    with pytest.raises(TrainError, match="shares no tensor"):
+        _init_from(wider, tmp_path, vocab, Distributed(), matching=True)
+    with pytest.raises(TrainError, match="vocabulary"):
+        _init_from(build_paradigm("nar", Vocab(text_size=11, speech_size=20), tiny), tmp_path,
+                   Vocab(text_size=11, speech_size=20), Distributed(), matching=True)

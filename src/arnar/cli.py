@@ -38,7 +38,8 @@ def cmd_runs(args: argparse.Namespace) -> None:
     rows = []
     for run in registry.all_runs():
         spec = registry.runs[run]
-        chain = ([f"init_from {spec['init_from']}"] if "init_from" in spec else []) + \
+        chain = ([f"init_from {spec['init_from']}" + (" (matching tensors)" if spec.get("init_matching") else "")]
+                 if "init_from" in spec else []) + \
             [f"reads {r}" for r in spec.get("reads", [])] + \
             ([f"base {registry.run_base[run]}"] if run in registry.run_base else [])
         systems = [s for s, (r, _) in registry.paradigm_systems.items() if r == run]

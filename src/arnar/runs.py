@@ -181,6 +181,20 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
         runs[run] = {"config": config, "stack": True, "features": kind, "sized_as": "cod",
                      "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json",
                                  "coarse_tokenizer": f"{{data}}/codec/coarse_{kind}"}}
+    # training.start_from_ar: runs that start from the trained `ar` run's weights (those tensors
+    # both models have, train.init_matching) instead of a fresh initialisation: not in the papers
+    # (each trains from scratch), a lever for small corpora; their budget is ar's plus their own
+    for run in train.get("start_from_ar", []):
+        if run not in runs or run == "ar":
+            raise RunsError(f"params.yaml: training.start_from_ar lists {run!r}, not a run that can start from ar "
+                            f"(runs: {', '.join(r for r in runs if r != 'ar')})")
+        if "init_from" in runs[run] or "reads" in runs[run]:
+            raise RunsError(f"params.yaml: training.start_from_ar lists {run!r}, which already starts from or reads "
+                            f"another run; list the first run of its recipe")
+        if runs[run].get("stack"):
+            raise RunsError(f"params.yaml: training.start_from_ar lists {run!r}, which models the acoustic stack's "
+                            f"tokens (another vocabulary than ar's)")
+        runs[run] = {**runs[run], "init_from": "ar", "init_matching": True}
     ablation_sets = ablations(delta_source)
     run_base: dict[str, str] = {}
     for variant in DELTA_VARIANTS:

@@ -135,6 +135,8 @@ def hydra_overrides(wildcards, input):
                  f"train.seed={P['seed']}"]
     if "init_from" in spec:
         overrides.append(f"train.init_from={run_dir(spec['init_from'])}")
+    if spec.get("init_matching"):
+        overrides.append("train.init_matching=true")
     for key, value in spec.get("options", {}).items():
         overrides.append(f"paradigm.options.{key}={value.format(runs=f'{DATA}/runs', data=DATA, text_units=TEXT_UNITS)}")
     overrides += spec.get("overrides", [])

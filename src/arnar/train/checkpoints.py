@@ -261,11 +261,16 @@ def _restore(path: Path, paradigm: Paradigm, optimizer: torch.optim.Optimizer, c
     return state
 
 
-def _init_from(paradigm: Paradigm, source: Path, vocab: Vocab, ctx: Distributed) -> None:
+def _init_from(paradigm: Paradigm, source: Path, vocab: Vocab, ctx: Distributed, *, matching: bool = False) -> None:
     """Start from the final weights of another run (multi-stage recipes: SyncSpeech fine-tuning
     after masked pre-training, PALLE stage two after stage one). The state dict must match
     exactly; a paradigm that derives more from the loaded weights (e.g. copying one network into
-    another) does so in its ``after_init_from()``."""
+    another) does so in its ``after_init_from()``.
+
+    ``matching`` (``train.init_matching``) starts a run of *another* paradigm from a trained one
+    (``training.start_from_ar``): every tensor of the source whose name and shape a tensor of this
+    model has (:func:`matching_tensors`) is loaded, the rest of this model keeps its fresh
+    initialisation. The vocabularies must still agree: the loaded embedding rows mean the same ids."""
     path = checkpoint_path(source, "best")
     if not path.is_file():
         raise TrainError(f"train.init_from: {path} not found (train that run to the end first)")
@@ -273,6 +278,18 @@ def _init_from(paradigm: Paradigm, source: Path, vocab: Vocab, ctx: Distributed)
     if saved.get("vocab") != vocab.to_dict():
         raise TrainError(f"train.init_from: {path} was trained with vocabulary {saved.get('vocab')}, "
                          f"this run has {vocab.to_dict()}")
+    if matching:
+        own = paradigm.state_dict()
+        loaded = matching_tensors(saved["model"], own)
+        if not loaded:
+            raise TrainError(f"train.init_from: {path} ({saved.get('paradigm')}) shares no tensor name and shape "
+                             f"with this {paradigm.name} model")
+        paradigm.load_state_dict({**own, **loaded})
+        if ctx.is_main:
+            fresh = sum(v.numel() for k, v in own.items() if k not in loaded)
+            log.info("initialised %d of %d tensors from %s (step %s of %s); %d values keep their fresh "
+                     "initialisation", len(loaded), len(own), path, saved.get("step"), saved.get("paradigm"), fresh)
+        return
     try:
         paradigm.load_state_dict(saved["model"])
     except RuntimeError as err:
@@ -282,4 +299,19 @@ def _init_from(paradigm: Paradigm, source: Path, vocab: Vocab, ctx: Distributed)
         hook()
     if ctx.is_main:
         log.info("initialised from %s (step %s of %s)", path, saved.get("step"), saved.get("paradigm"))
+
+
+def matching_tensors(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Target name -> source tensor, for every target tensor that a source tensor of the same shape
+    names: the same name, or, for a model that nests its networks (PALLE's ``stage_one.`` and
+    ``stage_two.``), the target's name ending in ``.`` + the source's. Buffers that are flags of
+    a model's own state (PALLE's ``stage_two_initialised``) have no counterpart and stay as they are."""
+    out = {}
+    for name, tensor in target.items():
+        candidates = [name] + [s for s in source if name.endswith("." + s)]
+        for candidate in candidates:
+            if candidate in source and source[candidate].shape == tensor.shape:
+                out[name] = source[candidate]
+                break
+    return out
 

@@ -259,7 +259,7 @@ def _start(run: Run, resume: bool | str) -> Progress:
         if not run.dev:
             state.dev_loss = None  # a dev loss of this run's dev set only
     if state.step == 0 and tc.get("init_from"):
-        _init_from(run.paradigm, Path(str(tc.init_from)), run.vocab, ctx)
+        _init_from(run.paradigm, Path(str(tc.init_from)), run.vocab, ctx, matching=bool(tc.get("init_matching")))
     return state
 
 
