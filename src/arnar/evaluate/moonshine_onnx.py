@@ -28,7 +28,7 @@ does that arithmetic once when the sessions open, and the sessions run the rest 
 graph optimisations and weight pre-packing off, i.e. with the very kernels the ORT-format file
 runs: the logits are bit-for-bit those of the shipped graph (``tests/test_asr.py`` compares them
 step by step), so the transcripts cannot change, and a decoder step takes ~20 ms instead of
-~115 ms on one core (``bench/bench_moonshine_judge.py``).
+~115 ms on one core (``bench/judge_speed.py``).
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ def dequantized(model: "onnx.ModelProto") -> "onnx.ModelProto":  # noqa: F821
     import onnx
     from onnx import numpy_helper
 
-    model = copy_model(model)
-    graph = model.graph
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    model, graph = copy, copy.graph
     initializers = {t.name: t for t in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
     weights, chain_nodes = {}, set()
@@ -127,8 +128,6 @@ def dequantized(model: "onnx.ModelProto") -> "onnx.ModelProto":  # noqa: F821
     if not weights:
         return model
     kept = [node for node in graph.node if id(node) not in chain_nodes]
-    needed = {name for node in kept for name in _inputs_with_branches(node)}
-    needed.update(o.name for o in graph.output)
     transposed = {}  # (weight, perm) -> name of its transposed copy
 
     def fold_transposes(nodes) -> list:
@@ -154,7 +153,7 @@ def dequantized(model: "onnx.ModelProto") -> "onnx.ModelProto":  # noqa: F821
         return out
 
     kept = fold_transposes(kept)
-    still_read = {name for node in kept for name in _inputs_with_branches(node)} | needed
+    still_read = {name for node in kept for name in _inputs_with_branches(node)} | {o.name for o in graph.output}
     new_initializers = [t for t in graph.initializer if t.name in still_read]
     new_initializers += [numpy_helper.from_array(w, name) for name, w in weights.items() if name in still_read]
     new_initializers += [numpy_helper.from_array(np.ascontiguousarray(weights[w].transpose(perm)), name)
@@ -164,14 +163,6 @@ def dequantized(model: "onnx.ModelProto") -> "onnx.ModelProto":  # noqa: F821
     del graph.initializer[:]
     graph.initializer.extend(new_initializers)
     return model
-
-
-def copy_model(model):
-    import onnx
-
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
 
 
 def _inputs_with_branches(node) -> list[str]:

@@ -314,4 +314,3 @@ def matching_tensors(source: dict[str, torch.Tensor], target: dict[str, torch.Te
                 out[name] = source[candidate]
                 break
     return out
-
