@@ -38,20 +38,6 @@ def test_smoke_registry_chains_and_systems():
     assert registry.lineage("palle") == ["palle_stage1", "palle"]
 
 
-def test_runs_waiting_is_the_longest_chain_of_runs_after_a_run():
-    """The train rule's priority: on speak NAR, SyncSpeech's pre-training and DELTA start from ar and
-    SyncSpeech's fine-tuning from its pre-training, so two runs wait for ar one after another; PALLE's
-    stage two waits for stage one; nothing waits for cod or the last run of a chain."""
-    registry = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "speak"}))
-    waiting = {run: registry.runs_waiting(run) for run in registry.all_runs()}
-    assert waiting == {"ar": 2, "nar": 0, "syncspeech": 0, "syncspeech_pretrain": 1, "palle": 0,
-                       "palle_stage1": 1, "delta": 0, "cod": 0}
-    # without start_from_ar only DELTA waits for ar
-    params = load_params(REPO_ROOT / "params.yaml", {"profile": "speak"})
-    params["training"]["start_from_ar"] = []
-    assert run_registry(params).runs_waiting("ar") == 1
-
-
 def test_a_grid_of_an_unlisted_paradigm_is_refused():
     params = load_params(REPO_ROOT / "params.yaml", {"profile": "smoke"})
     params["training"]["paradigms"] = [p for p in params["training"]["paradigms"] if p != "cod"]

@@ -137,14 +137,6 @@ class Registry:
             out += [r for r in self.lineage(needed) if r not in out]
         return out + [run]
 
-    def runs_waiting(self, run: str) -> int:
-        """How many runs wait for ``run``, one after another: the longest chain of the runs that start
-        from it or read it (0 when nothing does). The DAG trains long chains first (their length
-        is its priority), so on two cores AR -> SyncSpeech pre-training -> fine-tuning does not
-        start behind a run that nothing waits for."""
-        waiting = [other for other in self.all_runs() if run in self.runs_needed(other)]
-        return max((1 + self.runs_waiting(other) for other in waiting), default=0)
-
     def all_runs(self) -> list[str]:
         """Every run the evaluated systems need, each after the runs it needs... in first-seen order."""
         runs: list[str] = []

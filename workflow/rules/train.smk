@@ -70,9 +70,8 @@ rule train:
     threads: TRAIN["threads"]
     # Runs first, synthesis and evaluation in between: the chains of runs (pre-training ->
     # fine-tuning -> grid runs, features -> coarse tokens -> runs) are the DAG's long paths, and
-    # started last they leave a core idle at the end (mini: 5 minutes of one core); among runs,
-    # the longest chain first (speak: AR, which NAR, SyncSpeech and DELTA start from)
-    priority: lambda wildcards: 1 + REGISTRY.runs_waiting(wildcards.run)
+    # started last they leave a core idle at the end (mini: 5 minutes of one core)
+    priority: 1
     resources:
         gpu=0,  # GPUs of the job (the SLURM profile sets it); above 1, torchrun starts a rank per GPU
     log:
