@@ -16,6 +16,17 @@ import re
 from arnar.config import ConfigError, resolve_profile
 
 
+# glibc's malloc returns every block above its mmap threshold (at most 32 MiB by default) to the
+# kernel when freed, so a training update's attention scores and activations are page-faulted and
+# zeroed afresh on every update: ~18 % of a SyncSpeech update's CPU time in the kernel at the
+# default profile's lengths. Keeping freed memory in the heap removes most of those faults
+# (bench/malloc_settings.py measures the ratio); results do not change, only where memory comes
+# from. Jobs inherit these; a value already in the environment wins.
+for _name, _value in {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736",
+                      "MALLOC_TOP_PAD_": "268435456"}.items():
+    os.environ.setdefault(_name, _value)
+
+
 configfile: "params.yaml"
 
 
