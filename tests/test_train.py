@@ -315,6 +315,17 @@ def test_grad_accumulation_equals_full_batch():
     assert set(r1.metrics) == {"correct"} and 0 <= r1.metrics["correct"] <= 1
 
 
+def test_bf16_instructions_are_read_from_the_cpu_flags_line():
+    from arnar.train.config import cpu_computes_bf16_natively
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\nbugs\t\t: sysret_ss_attrs\n"
+    sapphire_rapids = "flags\t\t: fpu avx2 avx512f amx_tile amx_bf16 amx_int8\n"
+    avx2_only = "flags\t\t: fpu sse2 avx2 fma\nmodel name\t: AMD EPYC avx512_bf16 in a name is not a flag\n"
+    assert cpu_computes_bf16_natively(zen4) and cpu_computes_bf16_natively(sapphire_rapids)
+    assert not cpu_computes_bf16_natively(avx2_only)
+    assert not cpu_computes_bf16_natively("")  # no flags line (not x86 Linux): float32
+
+
 def test_precision_bf16_autocasts_on_a_cpu_and_auto_stays_float32():
     from arnar.train.config import TrainError, _autocast_dtype
 
@@ -324,6 +335,10 @@ def test_precision_bf16_autocasts_on_a_cpu_and_auto_stays_float32():
     assert _autocast_dtype("auto", cuda) is torch.bfloat16 and _autocast_dtype("fp32", cuda) is None
     with pytest.raises(TrainError, match="precision"):
         _autocast_dtype("fp16", cpu)
+    # bf16_if_native: bf16 only where the hardware computes it, float32 on an emulating CPU
+    assert _autocast_dtype("bf16_if_native", cpu, native_bf16=True) is torch.bfloat16
+    assert _autocast_dtype("bf16_if_native", cpu, native_bf16=False) is None
+    assert _autocast_dtype("bf16_if_native", cuda, native_bf16=False) is torch.bfloat16
     # the update under CPU autocast is a real bf16 update: close to float32's, not equal to it
     examples = toy_batch_examples(toy_paradigm())
     runs = {}

@@ -77,13 +77,44 @@ def _options(cfg: DictConfig) -> dict[str, Any]:
     return dict(OmegaConf.to_container(options, resolve=True)) if options else {}
 
 
-def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of ``train.precision`` on ``device`` (None: float32). ``auto`` is bf16 on
-    CUDA and float32 elsewhere; ``bf16`` asks for CPU autocast too, which on a CPU with AVX-512 BF16
-    ran the small model's update 1.4-1.6x faster (bench/train_precision.py); it
-    is a choice to measure, not a default, since it changes the numbers a CPU run reproduces."""
-    if precision not in ("auto", "bf16", "fp32"):
-        raise TrainError(f"train.precision must be auto, bf16 or fp32, got {precision!r}")
+PRECISIONS = ("auto", "bf16", "bf16_if_native", "fp32")
+
+
+def cpu_computes_bf16_natively(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU has the bf16 matrix instructions oneDNN uses (x86 AVX-512 BF16 or AMX BF16,
+    read from ``/proc/cpuinfo``'s flags). Without them bf16 autocast is emulated: on an AVX2-only
+    AMD EPYC one update of the small model took 6.7-7.5 s in bf16 against 0.71 s in float32
+    (bench/train_precision.py, 2026-12-06), where AVX-512 BF16 made it 1.4-1.6x faster than float32.
+    Not Linux on x86 (no such file or flags): False, so such a machine trains in float32."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return False
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def _autocast_dtype(precision: str, device: torch.device, *, native_bf16: bool | None = None) -> torch.dtype | None:
+    """The autocast dtype of ``train.precision`` on ``device`` (None: float32).
+
+    ``auto``            bf16 on CUDA, float32 on a CPU (a CPU run reproduces its float32 numbers);
+    ``bf16``            bf16 on any device, a CPU included (emulated, so ~10x slower, on a CPU
+                        without bf16 instructions: see :func:`cpu_computes_bf16_natively`);
+    ``bf16_if_native``  bf16 on CUDA and on a CPU with bf16 instructions, float32 on any other CPU:
+                        the speed of bf16 where the hardware has it, without a tenfold slowdown where
+                        it does not. The two kinds of CPU then train different numbers (the run's
+                        summary records the precision it used);
+    ``fp32``            float32 everywhere.
+    ``native_bf16`` overrides the CPU probe (tests)."""
+    if precision not in PRECISIONS:
+        raise TrainError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if device.type == "cuda":
         return None if precision == "fp32" else torch.bfloat16
+    if precision == "bf16_if_native":
+        native = cpu_computes_bf16_natively() if native_bf16 is None else native_bf16
+        return torch.bfloat16 if native else None
     return torch.bfloat16 if precision == "bf16" else None

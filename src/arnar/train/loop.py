@@ -34,7 +34,8 @@ from arnar.paradigms.base import Paradigm, Utterance, Vocab
 from arnar.text import text_units_of
 from arnar.train.checkpoints import (IncompatibleCheckpoint, Progress, _init_from, _restore, atomic_torch_save,
                                      save_checkpoint, seed_rngs, weights_record)
-from arnar.train.config import TrainError, _autocast_dtype, _options, departures_from_papers, learning_rate
+from arnar.train.config import (TrainError, _autocast_dtype, _options, cpu_computes_bf16_natively, departures_from_papers,
+                                learning_rate)
 from arnar.train.data import (BucketBatchSampler, TrainDataError, load_utterances, prompt_pairs, stable_seed,
                               vocab_for)
 from arnar.train.distributed import Distributed, init_distributed
@@ -190,6 +191,14 @@ def _set_up(cfg: DictConfig, ctx: Distributed, run_dir: Path, train_tokens, trai
     seed = int(tc.seed)
     device = ctx.device
     amp = _autocast_dtype(str(tc.precision), device)
+    if device.type == "cpu" and str(tc.precision) in ("bf16", "bf16_if_native") and not cpu_computes_bf16_natively():
+        if amp is None:
+            log.warning("train.precision bf16_if_native: this CPU has no bf16 instructions (AVX-512 BF16 or AMX), "
+                        "so the run trains in float32; its numbers differ from a bf16 host's in the digits")
+        else:
+            log.warning("train.precision bf16 on a CPU without bf16 instructions (AVX-512 BF16 or AMX): bf16 is "
+                        "emulated there, ~10x slower than float32 (bench/train_precision.py); "
+                        "train.precision=bf16_if_native trains in float32 on such a CPU")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
