@@ -109,7 +109,7 @@ def _autocast_dtype(precision: str, device: torch.device, *, native_bf16: bool |
                         it does not. The two kinds of CPU then train different numbers (the run's
                         summary records the precision it used);
     ``fp32``            float32 everywhere.
-    ``native_bf16`` overrides the CPU probe (tests)."""
+    ``native_bf16``: the CPU probe's answer when the caller already has it (None: probe here)."""
     if precision not in PRECISIONS:
         raise TrainError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if device.type == "cuda":

@@ -190,8 +190,9 @@ def _set_up(cfg: DictConfig, ctx: Distributed, run_dir: Path, train_tokens, trai
         raise TrainError("set exactly one of train.max_tokens and train.batch_size (the other null)")
     seed = int(tc.seed)
     device = ctx.device
-    amp = _autocast_dtype(str(tc.precision), device)
-    if device.type == "cpu" and str(tc.precision) in ("bf16", "bf16_if_native") and not cpu_computes_bf16_natively():
+    native_bf16 = device.type == "cuda" or cpu_computes_bf16_natively()
+    amp = _autocast_dtype(str(tc.precision), device, native_bf16=native_bf16)
+    if str(tc.precision) in ("bf16", "bf16_if_native") and not native_bf16:
         if amp is None:
             log.warning("train.precision bf16_if_native: this CPU has no bf16 instructions (AVX-512 BF16 or AMX), "
                         "so the run trains in float32; its numbers differ from a bf16 host's in the digits")
