@@ -21,7 +21,7 @@ from arnar.cli import main
         (["config", "--profile", "bogus"], "profile: 'bogus' is not one of the presets"),
         (["synth", "--out", "{tmp}/c", "--speakers", "99", "--utterances-per-speaker", "1",
           "--test-speakers", "1"], "n_speakers must be in 1..47, got 99"),
-        (["curve", "--run-dir", "{tmp}/none", "--codec", "offline", "--bpe", "{tmp}/b.model", "--testlist",
+        (["curve", "--run-dir", "{tmp}/none", "--codec", "offline", "--text-units", "{tmp}/b.model", "--testlist",
           "{tmp}/t.tsv", "--prompts", "{tmp}/p", "--asr", "moonshine", "--sim", "resemblyzer", "--out", "{tmp}/c"],
          "{tmp}/none: no kept checkpoints"),
     ],

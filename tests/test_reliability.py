@@ -172,7 +172,7 @@ def train_data(tmp_path_factory) -> dict[str, Path]:
 
 def train_command(data: dict[str, Path], run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "arnar.train", "--run-dir", str(run_dir), "--tokens", str(data["tokens"]),
-            "--durations", str(data["durations"]), "--bpe", str(data["bpe"]),
+            "--durations", str(data["durations"]), "--text-units", str(data["bpe"]),
             "--dev-tokens", str(data["dev_tokens"]), "--dev-durations", str(data["dev_durations"]),
             "--threads", "1", "--", *TRAIN_OVERRIDES]
 

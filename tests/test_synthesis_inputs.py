@@ -649,7 +649,7 @@ def run_cli(main, argv, capsys) -> tuple[int, str]:
 
 def synthesize_argv(built, tmp_path, **flags) -> list[str]:
     argv = ["synthesize", "--run-dir", str(built["ar"]), "--codec", "offline", "--codec-model", str(built["codec"]),
-            "--bpe", str(built["bpe"]), "--decoding", json.dumps({"max_ratio": AR_MAX_RATIO})]
+            "--text-units", str(built["bpe"]), "--decoding", json.dumps({"max_ratio": AR_MAX_RATIO})]
     options = {"text": "hello there", "prompt-wav": str(built["prompt_wav"]), "prompt-text": built["prompt_text"],
                "out": str(tmp_path / "out.wav"), **flags}
     for name, value in options.items():
@@ -708,7 +708,7 @@ def test_cli_synthesize_gives_one_line_errors(built, tmp_path, capsys):
 
 def stream_argv(built, tmp_path, **flags) -> list[str]:
     argv = ["--run-dir", str(built["syncspeech"]), "--codec", "offline", "--codec-model", str(built["codec"]),
-            "--bpe", str(built["bpe"]), "--d-llm", "0", "--out-dir", str(tmp_path / "stream")]
+            "--text-units", str(built["bpe"]), "--d-llm", "0", "--out-dir", str(tmp_path / "stream")]
     options = {"prompt-wav": str(built["prompt_wav"]), "prompt-text": built["prompt_text"], "text": "hello there",
                **flags}
     for name, value in options.items():

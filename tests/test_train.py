@@ -454,7 +454,7 @@ def test_dropout_changes_without_rng_restore(data, tmp_path):
 def test_main_parses_paths_and_overrides(data, tmp_path, capsys):
     run = tmp_path / "run"
     argv = ["--run-dir", str(run), "--tokens", str(data["tokens"]), "--durations", str(data["durations"]),
-            "--bpe", str(data["bpe"]), "--", "paradigm=ar", *TINY, "train.max_steps=1", "train.log_every=1"]
+            "--text-units", str(data["bpe"]), "--", "paradigm=ar", *TINY, "train.max_steps=1", "train.log_every=1"]
     assert main([*argv[:8], "--print-config", *argv[8:]]) == 0
     assert "max_steps: 1" in capsys.readouterr().out
     threads = torch.get_num_threads()
@@ -468,7 +468,7 @@ def test_main_parses_paths_and_overrides(data, tmp_path, capsys):
     assert main([*argv, "train.no_such_key=1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
     assert main(["--run-dir", str(run), "--tokens", str(tmp_path), "--durations", str(data["durations"]),
-                 "--bpe", str(data["bpe"])]) == 2
+                 "--text-units", str(data["bpe"])]) == 2
     assert "manifest.json" in capsys.readouterr().err
 
 
@@ -526,7 +526,7 @@ def test_second_stage_restarts_when_its_first_stage_changed(data, tmp_path, capl
     """A run started from another (train.init_from) resumes only while that run is unchanged:
     retraining the first stage makes the second start afresh from the new weights."""
     first, second = tmp_path / "first", tmp_path / "second"
-    paths = ["--tokens", str(data["tokens"]), "--durations", str(data["durations"]), "--bpe", str(data["bpe"])]
+    paths = ["--tokens", str(data["tokens"]), "--durations", str(data["durations"]), "--text-units", str(data["bpe"])]
     common = ["paradigm=ar", *TINY, "train.max_steps=4", "train.log_every=1", "train.ckpt_every=1"]
     assert main(["--run-dir", str(first), *paths, "--", *common]) == 0
     stage_two = ["--run-dir", str(second), *paths, "--resume-if-compatible",

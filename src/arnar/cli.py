@@ -271,7 +271,7 @@ def cmd_durations(args: argparse.Namespace) -> None:
     from arnar.align.durations import DurationError, bpe_durations
     from arnar.text import load_text_tokenizer
 
-    tokenizer = load_text_tokenizer(args.bpe)
+    tokenizer = load_text_tokenizer(args.text_units)
     texts = {c.id: c.supervisions[0].text for c in load_manifest(args.cuts)}
     rows, failed = [], []
     for record in _read_jsonl(Path(args.alignments)):
@@ -346,7 +346,7 @@ def cmd_ladder(args: argparse.Namespace) -> None:
     from arnar.evaluate.ladder import teacher_forced_testlist
     from arnar.synthesize import Synthesizer
 
-    synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
+    synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.text_units,
                         device=args.device, checkpoint=args.checkpoint)
     try:
         teacher_forced_testlist(synth, args.testlist, args.prompts, args.targets, args.out)
@@ -394,7 +394,7 @@ def cmd_curve(args: argparse.Namespace) -> None:
     facts = json.loads(summary.read_text()) if summary.is_file() else {}
 
     def speak(checkpoint: str, wav_dir: Path) -> None:
-        synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
+        synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.text_units,
                             decoding=dict(decoding), checkpoint=checkpoint)
         synthesize_testlist(synth, args.testlist, args.prompts, wav_dir, seed=args.seed,
                             prompt_alignments=args.prompt_alignments)
@@ -439,7 +439,7 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
                                       f"(a .wav path); missing: {' '.join(missing)}")
         if not Path(args.out).parent.is_dir():
             raise SynthesisInputError(f"--out {args.out}: no such folder {Path(args.out).parent}")
-    synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
+    synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.text_units,
                         device=args.device, decoding=decoding, checkpoint=args.checkpoint,
                         silence_dbfs=SILENCE_DBFS if args.silence_dbfs is None else args.silence_dbfs)
     if args.testlist:
@@ -569,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("durations", help="BPE-level end positions a_n in codec frames")
     p.add_argument("--alignments", required=True)
     p.add_argument("--cuts", required=True, help="the same split's cuts (for the transcripts)")
-    p.add_argument("--bpe", required=True)
+    p.add_argument("--text-units", required=True)
     p.add_argument("--frame-rate", type=float, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--quarantine", required=True)
@@ -612,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best")
     p.add_argument("--codec", required=True)
     p.add_argument("--codec-model")
-    p.add_argument("--bpe", required=True, help="the text units the run read (bpe.model or phonemes.json)")
+    p.add_argument("--text-units", required=True, help="the text units the run read (bpe.model or phonemes.json)")
     p.add_argument("--testlist", required=True)
     p.add_argument("--prompts", required=True)
     p.add_argument("--targets", required=True, help="ground-truth system folder of the task")
@@ -635,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help="best (lowest dev loss; the default), final, last, or step_<N>")
     p.add_argument("--codec", required=True, help="the token set the run was trained on (offline, s3)")
     p.add_argument("--codec-model", help="folder of a trained codec (the offline codec)")
-    p.add_argument("--bpe", required=True, help="the BPE model of the corpus")
+    p.add_argument("--text-units", required=True, help="the text units the run read (bpe.model or phonemes.json)")
     p.add_argument("--testlist", help="a frozen test list (TSV); with --prompts and --out (a folder)")
     p.add_argument("--prompts", help="folder of <item_id>.wav prompts")
     p.add_argument("--prompt-alignments", help="with --testlist: the aligner's JSONL of the prompts' split "
@@ -661,7 +661,7 @@ def build_parser() -> argparse.ArgumentParser:
                    " (see arnar cod-features --help)")
     sub.add_parser("coarse-tokens", help="Chain-of-Details Table V: fit coarse tokens of other kinds, add them to"
                    " its features (see arnar coarse-tokens --help)")
-    sub.add_parser("train", help="train a paradigm: arnar train --run-dir R --tokens T --durations D --bpe B"
+    sub.add_parser("train", help="train a paradigm: arnar train --run-dir R --tokens T --durations D --text-units U"
                    " -- paradigm=ar model=small train=mini (see arnar train --help)")
 
     p = sub.add_parser("testlists", help="build the zero-shot test lists; check them against the frozen ones")
@@ -697,7 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkpoints/step_<N>.pt, then final")
     p.add_argument("--codec", required=True)
     p.add_argument("--codec-model")
-    p.add_argument("--bpe", required=True, help="the text units the run read (bpe.model or phonemes.json)")
+    p.add_argument("--text-units", required=True, help="the text units the run read (bpe.model or phonemes.json)")
     p.add_argument("--testlist", required=True)
     p.add_argument("--prompts", required=True)
     p.add_argument("--prompt-alignments")

@@ -256,7 +256,7 @@ def build_parser(prog: str = "arnar stream") -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help="best (lowest dev loss; the default), final, last, or step_<N>")
     p.add_argument("--codec", required=True, help="the token set the run was trained on (offline, s3)")
     p.add_argument("--codec-model", help="folder of a trained codec (the offline codec)")
-    p.add_argument("--bpe", required=True, help="the BPE model of the corpus")
+    p.add_argument("--text-units", required=True, help="the text units the run read (bpe.model or phonemes.json)")
     p.add_argument("--prompt-wav", required=True, help="prompt recording (the voice)")
     p.add_argument("--prompt-text", required=True, help="transcript of --prompt-wav")
     p.add_argument("--text", help="the text to speak (default: read from stdin as it arrives)")
@@ -289,7 +289,7 @@ def stream_main(args: argparse.Namespace) -> dict[str, Any]:
         decoding["chunk_size"] = args.chunk_size
     if args.d_llm < 0 or not np.isfinite(args.d_llm):
         raise StreamError(f"--d-llm must be a number of seconds >= 0, got {args.d_llm}")
-    synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.bpe,
+    synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.text_units,
                         device=args.device, checkpoint=args.checkpoint, silence_dbfs=args.silence_dbfs)
     model, codec = synth.model, synth.codec
     if not hasattr(model, "stream"):

@@ -135,7 +135,7 @@ rule bpe_durations:
     conda:
         CORE_ENV
     shell:
-        "arnar durations --alignments {input.alignments} --cuts {input.cuts} --bpe {input.bpe}"
+        "arnar durations --alignments {input.alignments} --cuts {input.cuts} --text-units {input.bpe}"
         " --frame-rate {wildcards.rate}"
         " --out {output.durations} --quarantine {output.quarantine} 2> {log}"
 

@@ -81,7 +81,7 @@ rule train:
     shell:
         "$(test {resources.gpu} -le 1 || echo torchrun --standalone --nproc_per_node {resources.gpu} --no-python)"
         " arnar train --run-dir {params.run_dir} --tokens {params.tokens} --durations {input.durations}"
-        " --dev-tokens {params.dev_tokens} --dev-durations {input.dev_durations} --bpe {input.bpe}"
+        " --dev-tokens {params.dev_tokens} --dev-durations {input.dev_durations} --text-units {input.bpe}"
         " --threads {threads} --summary {output.summary} --resume-if-compatible"
         " --fresh-if-older-than {input.before} -- {params.overrides}"
         " 2> {log}"
@@ -114,7 +114,7 @@ rule synthesize:
     conda:
         CORE_ENV
     shell:
-        "arnar synthesize --run-dir {params.run_dir} {params.codec} --bpe {input.bpe}"
+        "arnar synthesize --run-dir {params.run_dir} {params.codec} --text-units {input.bpe}"
         " --testlist {input.testlist} --prompts {input.prompts} --out {output.system}"
         " --decoding '{params.decoding}' --seed {params.seed} --prompt-alignments {input.prompt_alignments}"
         " --silence-dbfs {params.silence_dbfs} 2> {log}"

@@ -29,7 +29,7 @@ Why it is built this way:
   working directory and no output folders); the paper-scale values are a config, not a code path.
 
 Entry points: :func:`train` (Python), :func:`main` (``arnar train --run-dir R --tokens T
---durations D --bpe B [--dev-tokens T2 --dev-durations D2] [-- overrides...]``, also under
+--durations D --text-units U [--dev-tokens T2 --dev-durations D2] [-- overrides...]``, also under
 ``torchrun --nproc_per_node N -m arnar.train ...``), :func:`load_model` for synthesis.
 
 The package::

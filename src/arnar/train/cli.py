@@ -30,7 +30,7 @@ def build_parser(prog: str = "arnar train") -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", required=True, help="run folder (checkpoints, logs, final.pt)")
     parser.add_argument("--tokens", required=True, help="token split folder of the training set (with manifest.json)")
     parser.add_argument("--durations", required=True, help="BPE durations JSONL of the training set")
-    parser.add_argument("--bpe", required=True, help="sentencepiece BPE model (.model)")
+    parser.add_argument("--text-units", required=True, help="the text units to read: a sentencepiece BPE model (bpe.model) or a phoneme table (phonemes.json)")
     parser.add_argument("--dev-tokens", help="token split folder of the dev set")
     parser.add_argument("--dev-durations", help="BPE durations JSONL of the dev set")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if run-dir has a checkpoint")
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.warning("%s is newer than %s: starting this run afresh", ", ".join(newer), last)
             resume = False
         summary = train(cfg, run_dir=args.run_dir, train_tokens=args.tokens, train_durations=args.durations,
-                        bpe_model=args.bpe, dev_tokens=args.dev_tokens, dev_durations=args.dev_durations,
+                        bpe_model=args.text_units, dev_tokens=args.dev_tokens, dev_durations=args.dev_durations,
                         resume=resume, stop_after_steps=args.stop_after)
         if args.summary and os.environ.get("RANK", "0") == "0":
             atomic_write_text(Path(args.summary), json.dumps(summary, indent=2) + "\n")
