@@ -1,6 +1,6 @@
-# arnar: the whole pipeline as one DAG (DESIGN.md sections 1-3).
+# arnar: the whole pipeline as one DAG (docs/design.md sections 1-3).
 #
-#   snakemake --cores all                          # the embedded default profile (mini)
+#   snakemake --cores all                          # the embedded default profile (speak)
 #   snakemake --cores all --config profile=smoke   # the seconds-to-minutes test profile
 #   snakemake --cores all data                     # one phase only (see the targets below)
 #   snakemake --cores 1 freeze_testlists --config profile=exp  # a new profile's test lists
@@ -12,6 +12,7 @@
 import json
 import os
 import re
+import yaml
 
 from arnar.config import ConfigError, resolve_profile
 
@@ -60,4 +61,5 @@ rule all:
         rules.tokens.input,
         rules.training.input,
         rules.report.output,
+        rules.samples.output,
     default_target: True

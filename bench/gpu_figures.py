@@ -13,7 +13,8 @@ kept when another fails:
    float32, as the training engine on CUDA), batch 1 (the papers' convention for RTF and FPL), a
    3 s prompt and 6 / 10 s targets: passes, token-stage RTF, FPL-A, loop overhead and ratios to
    AR, and a second table with the papers' figures beside ours (:data:`PAPERS`, each checked
-   against /work/shared/papers/: the number, the table or passage, the GPU).
+   against the paper's text: the number, the table or passage, the GPU; tests/test_bench_gpu_figures.py
+   reads the texts where ARNAR_PAPERS_DIR points at them).
 2. **Batched synthesis**: items per second at several batch sizes through the paradigms'
    ``generate_batch(requests, generators, **decoding)`` where a paradigm has one; where none
    has, the table says so and gives batch 1 only (one item per ``generate``).
@@ -62,18 +63,18 @@ BUDGET_MINUTES = 8.0
 # paper and table; ratio = paradigm / that AR.
 PAPERS: dict[str, dict[str, Any]] = {
     "syncspeech": {"rtf": 0.07, "ar_rtf": 0.45, "fpl": 0.06, "ar_fpl": 0.22,
-                   "source": "syncspeech.txt Table 1, LibriSpeech test-clean, text-to-token stage, one A800; "
+                   "source": "SyncSpeech (arXiv:2502.11094) Table 1, LibriSpeech test-clean, text-to-token stage, one A800; "
                              "AR = CosyVoice / CosyVoice2 (the column is headed RTF(%) but holds fractions: "
                              "0.45 / 0.07 is the text's 6.4x)"},
     "palle": {"rtf": 0.06, "ar_rtf": 0.21,
-              "source": "palle.txt Table 3, cross-sentence, 10 s of speech, batch 1, one A100; PALLE two-stage "
+              "source": "PALLE (arXiv:2504.10352) Table 3, cross-sentence, 10 s of speech, batch 1, one A100; PALLE two-stage "
                         "(stage one only: 0.05); AR = VALL-E stage one only, same backbone"},
     "nar": {"rtf": 0.10, "ar_rtf": 0.21,
-            "source": "palle.txt Table 3: MaskGCT stage one only (NAR), same backbone, tokenizer and data"},
+            "source": "PALLE (arXiv:2504.10352) Table 3: MaskGCT stage one only (NAR), same backbone, tokenizer and data"},
     "delta": {"rtf": 0.144, "ar_rtf": 0.475,
-              "source": "delta_tts.txt Sec. 4 (Fig. 2 text): RTF 0.144 at 16 steps, token stage, a 3.3x speedup over "
+              "source": "DELTA-TTS (OpenReview v2DbAIl7sf) Sec. 4 (Fig. 2 text): RTF 0.144 at 16 steps, token stage, a 3.3x speedup over "
                         "the AR baseline (AR 0.475 = 0.144 x 3.3, not printed); Table 3: 2.08x (< 3 s) to 4.46x (>= 5 s)"},
-    "cod": {"source": "chain_of_details.txt reports no speed figure"},
+    "cod": {"source": "Chain-of-Details (arXiv:2604.19330) reports no speed figure"},
 }
 
 

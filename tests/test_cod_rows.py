@@ -33,7 +33,7 @@ def test_guidance_form_axis_decodes_both_forms_of_the_trained_cod():
     assert rows == {DECODING["guidance_form"]: "cod", other: f"cod_guidance_{other}"}
     with pytest.raises(ValueError, match="repeated value"):
         check_grid_values("cod_guidance_form", ["interpolate", "interpolate"])
-    assert grid.source == "chain_of_details.txt IV-B"  # "we decrease the guidance level linearly from 3 to 0.75"
+    assert grid.source == "Chain-of-Details (arXiv:2604.19330) Sec. IV-B"  # "we decrease the guidance level linearly from 3 to 0.75"
 
 
 @pytest.mark.parametrize("profile", ["smoke", "mini"])

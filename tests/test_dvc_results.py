@@ -163,16 +163,27 @@ def test_committed_mini_results_lie_where_the_dag_writes_them():
             assert (REPO_ROOT / rel).read_text(encoding="utf-8").startswith("# ")
 
 
+def provenance_note(profile: str = PROFILE) -> Path:
+    """The lab note that names the run behind a profile's committed results: scripts/publish_results.sh
+    writes docs/lab-notes/<date>-<profile>-results.md, and the newest one is in force."""
+    notes = sorted((REPO_ROOT / "docs/lab-notes").glob(f"*-{profile}-results.md"))
+    assert notes, f"docs/lab-notes/ has no *-{profile}-results.md"
+    return notes[-1]
+
+
 def test_published_links_resolve():
-    """docs/results/mini/README.md (which run made the files) and the README link the committed files."""
-    for doc in (REPO_ROOT / f"docs/results/{PROFILE}/README.md", REPO_ROOT / "README.md",
-                REPO_ROOT / "results/README.md"):
+    """The lab note naming the run behind the committed results (commit and machine) links those files,
+    results/README.md links the note, and every link of theirs and the README's to results or lab notes
+    resolves."""
+    note = provenance_note()
+    for doc, must in ((note, f"results/{PROFILE}"), (REPO_ROOT / "results/README.md", note.name),
+                      (REPO_ROOT / "README.md", None)):
         links = [link for link in re.findall(r"\]\(([^)#\s]+)\)", doc.read_text(encoding="utf-8"))
-                 if f"results/{PROFILE}" in link]
-        assert links, doc
+                 if ("results/" in link or "lab-notes/" in link) and "://" not in link]
+        assert must is None or any(must in link for link in links), f"{doc.relative_to(REPO_ROOT)}: no link to {must}"
         for link in links:
             assert (doc.parent / link).exists(), f"{doc.relative_to(REPO_ROOT)}: {link}"
-    provenance = (REPO_ROOT / f"docs/results/{PROFILE}/README.md").read_text(encoding="utf-8")
+    provenance = note.read_text(encoding="utf-8")
     assert re.search(r"commit `[0-9a-f]{7,}`", provenance) and "CPU" in provenance
 
 

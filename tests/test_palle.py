@@ -1,4 +1,4 @@
-"""PALLE: training masks against palle.txt Eqs. 7-10 (hand-worked for T = 20), the fused two-stream
+"""PALLE: training masks against PALLE (arXiv:2504.10352) Eqs. 7-10 (hand-worked for T = 20), the fused two-stream
 network (frame-by-frame text fusion on a hand-wired network), the stage-one step rule (Eq. 14,
 hand-worked for a 3 s prompt + 10 s target at 25 Hz), stage-two refinement (Eqs. 15-16) on
 scripted networks whose confidences are set by hand, the forward-pass count, stage freezing and
@@ -562,7 +562,7 @@ def test_paradigm_configs_build_and_differ_only_in_stage():
     assert one["name"] == two["name"] == "palle"
     assert one["options"].pop("stage") == 1 and two["options"].pop("stage") == 2
     assert one["options"] == two["options"]
-    assert one["options"]["conv_pos_kernel"] == 7  # palle.txt 5.1
+    assert one["options"]["conv_pos_kernel"] == 7  # PALLE (arXiv:2504.10352) Sec. 5.1
     model = build_paradigm("palle", VOCAB, TINY, stage=1, **one["options"])
     assert model.describe()["stage"] == 1
     with pytest.raises(ValueError, match="unknown options"):

@@ -2,7 +2,7 @@
 
 Every network is built on the meta device (shapes only, no memory) from the Hydra configs the DAG
 composes for the libritts profile, with that profile's vocabulary: its BPE size (params.yaml
-``text.bpe_vocab_size``, 2000 as in palle.txt 5.1 and syncspeech.txt 3.1) plus the 8 special ids,
+``text.bpe_vocab_size``, 2000 as in PALLE Sec. 5.1 and SyncSpeech Sec. 3.1) plus the 8 special ids,
 and the speech codes of its token sets: S3Tokenizer v2's 6561 (3^8 FSQ codes) for the single-stream
 paradigms, DAC's 1024 for CoD.
 
@@ -15,11 +15,11 @@ text and 6561 speech rows of 1024 and the output head: 15.5M). The paper states 
 
 | paradigm | paper | stated | ours (model config) |
 |---|---|---|---|
-| PALLE, per network | palle.txt 5.1 | 177.0M | 176.6M (paper) |
-| AR, NAR | palle.txt Table 3: "the same Transformer backbone" | backbone | PALLE's backbone, 169.4M in all (paper) |
+| PALLE, per network | PALLE (arXiv:2504.10352) Sec. 5.1 | 177.0M | 176.6M (paper) |
+| AR, NAR | PALLE (arXiv:2504.10352) Table 3: "the same Transformer backbone" | backbone | PALLE's backbone, 169.4M in all (paper) |
 | SyncSpeech | not stated (its CosyVoice baselines are "identical model size") | - | PALLE's backbone, 169.4M (paper) |
-| CoD-Base | chain_of_details.txt Tables I-II | 263M | 261.0M (paper_cod) |
-| DELTA-TTS | delta_tts.txt: CosyVoice3's Qwen2.5-0.5B, "all 494M" | 494M | 357.9M + Qwen's table = 494.0M (paper_delta) |
+| CoD-Base | Chain-of-Details (arXiv:2604.19330) Tables I-II | 263M | 261.0M (paper_cod) |
+| DELTA-TTS | OpenReview v2DbAIl7sf: CosyVoice3's Qwen2.5-0.5B, "all 494M" | 494M | 357.9M + Qwen's table = 494.0M (paper_delta) |
 
 DELTA's 494M is Qwen2.5-0.5B with its tied 151,936 x 896 text table; with our 2000-piece BPE and
 6561 S3 codes the same architecture is 373.3M as an AR model. The test compares the architecture
@@ -95,8 +95,8 @@ def test_palle_network_is_177m():
 
 @pytest.mark.parametrize("paradigm", ["ar", "nar", "syncspeech"])
 def test_ar_nar_and_syncspeech_share_palles_backbone(paradigm):
-    """palle.txt Table 3: AR (Sys. A) and NAR (Sys. B) are trained "using the same ... Transformer
-    backbone"; SyncSpeech states no size and shares it (DESIGN.md 6)."""
+    """PALLE (arXiv:2504.10352) Table 3: AR (Sys. A) and NAR (Sys. B) are trained "using the same ... Transformer
+    backbone"; SyncSpeech states no size and shares it (docs/design.md section 6)."""
     model, palle = build(paradigm, "paper"), build("palle_stage1", "paper")
     assert count(model.backbone) == count(palle.stage_one.backbone) == 151_806_976
     tables = 2 * (N_SPECIAL + 2000 + 6561) * 1024  # embedding and head

@@ -77,7 +77,7 @@ def test_evaluation_and_report(smoke):
                      "PALLE: total duration multiplier (x ground-truth duration)", "Claims of the papers, tested on this run",
                      "Chain-of-Details: coarse token types", "Chain-of-Details: guidance form"):
         assert f"### {ablation}" in table
-    assert re.search(r"\| The hybrid mask beats a causal mask \| syncspeech.txt Table 2 \| Cross-sentence \| wer \|"
+    assert re.search(r"\| The hybrid mask beats a causal mask \| SyncSpeech \(arXiv:2502\.11094\) Table 2 \| Cross-sentence \| wer \|"
                      r" syncspeech \d+\.\d\d ± \d+\.\d\d \| syncspeech_causal \d+\.\d\d \| \*\*(reproduced|tie|reversed)\*\* \|",
                      table)
     assert "### Training" in table and re.search(r"\| nar \| nar \| (0\.\d\dM) \| \1 \| – \| 2 x 32 \| 30 \|", table)

@@ -94,9 +94,9 @@ def test_claims_are_judged_per_task_against_the_seed_spread():
                                                "palle_stage1": ["palle_stage1", "palle_stage1_seed2"]})
     text = claims_section(results, layout)
     # PAR 41 ± 1.41 vs AR 51 ± 1.41: spread 2 < 10 -> reproduced; vs NAR 42 ± 1.41: 1 < 2 -> tie
-    assert "| PAR beats AR on WER | palle.txt Table 3 (Sys. C1 vs A) | Continuation | wer | palle_stage1 41.00 ± 1.41 " \
+    assert "| PAR beats AR on WER | PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs A) | Continuation | wer | palle_stage1 41.00 ± 1.41 " \
            "| ar 51.00 ± 1.41 | **reproduced** |" in text
-    assert "| PAR beats NAR on WER | palle.txt Table 3 (Sys. C1 vs B) | Cross-sentence | wer |" in text
+    assert "| PAR beats NAR on WER | PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs B) | Cross-sentence | wer |" in text
     assert text.count("**tie**") == 2 and text.count("**reversed**") == 2  # RTF: PAR slower than AR on both tasks
     assert "SyncSpeech" not in text  # claims whose systems did not run are left out
 
@@ -154,7 +154,7 @@ def test_grid_tables_and_curves(tmp_path):
                     grids={"palle_duration": [0.7, 1.0, 1.3]}, tasks={f"palle_dur{v}": ["cross_sentence"]
                                                                      for v in (0.7, 1.0, 1.3)})
     tables = ablation_tables(results, layout)
-    assert "### PALLE: total duration multiplier (x ground-truth duration) (palle.txt Fig. 5)" in tables
+    assert "### PALLE: total duration multiplier (x ground-truth duration) (PALLE (arXiv:2504.10352) Fig. 5)" in tables
     assert "| 0.7 | palle_dur0.7 | 60.00 | 0.900 | 0.200 | 1.000 | 107.0 |" in tables
     assert "Conti WER" not in tables  # the grid spoke cross-sentence only
     # the seeds of the base system say how large a tie is: sd of (30, 34) = 2.83
@@ -199,7 +199,7 @@ def test_string_valued_grid_and_the_papers_cod_row():
     tables = ablation_tables(results, layout)
     assert f"| {default} | cod | 30.00 | 0.900 | 0.500 | 2.000 | 120.0 |" in tables
     assert f"| {other} | cod_guidance_{other} | 25.00 | 0.900 | 0.400 | 1.500 | 120.0 |" in tables
-    assert "(chain_of_details.txt IV-B)" in tables and "| CFG form (w: 3 -> 0.75) | System |" in tables
+    assert "(Chain-of-Details (arXiv:2604.19330) Sec. IV-B)" in tables and "| CFG form (w: 3 -> 0.75) | System |" in tables
     assert not plot_grid(results, "cod_guidance_form", ["extrapolate", "interpolate"], None)  # a table axis
     table = comparison_table(results, layout)
     assert table.count("`cod`: this project's CoD") == 2  # under each task's table
@@ -237,3 +237,116 @@ def test_training_table_gives_trainable_parameters_and_the_papers_count(tmp_path
     assert rows["ar"].endswith("| 1.500 | 1.700 | not recorded |")
     assert rows["nar"].endswith("| 1.500 | 1.700 | – |")
     assert rows["syncspeech"].endswith("| prompt_pairs=0.5, finetune_spans=all, text units phonemes |")
+
+
+# --- plots: what a reader sees is what the table says -------------------------------------------
+
+
+def _boxes_overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_systems_plot_draws_the_tables_means_spreads_and_ceilings():
+    """AR's three seeds 10, 12, 14: a bar at 12 with an error bar from 10 to 14, the numbers its
+    table row prints; DELTA spoke once: no error bar; every paradigm's bar carries its ceiling row's
+    value; names read level and the legend sits off the axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.container import BarContainer, ErrorbarContainer
+
+    from arnar.report import systems_figure
+
+    results = {"ground_truth": both(wer=5.0, sim=0.95), "resynth_offline": both(wer=20.0, sim=0.8),
+               "ar": both(wer=10.0, sim=0.70), "ar_seed2": both(wer=12.0, sim=0.72),
+               "ar_seed3": both(wer=14.0, sim=0.74), "delta": both(wer=30.0, sim=0.6)}
+    layout = Layout(references=["ground_truth", "resynth_offline"],
+                    comparison={"ar": ["ar", "ar_seed2", "ar_seed3"], "delta": ["delta"]},
+                    ceilings={"ar": "resynth_offline", "delta": "resynth_offline"})
+    fig = systems_figure(results, layout)
+    wer_ax, sim_ax = fig.axes[:2]
+    names = [t.get_text() for t in wer_ax.get_yticklabels()]
+    assert names == ["ground_truth", "resynth_offline", "ar", "delta"]
+    table = comparison_table(results, layout)
+    cross = table[table.index("### Cross-sentence"):]
+    for ax, column in ((wer_ax, 3), (sim_ax, 4)):  # WER-P corpus, SIM
+        bars = {c.get_label(): [p.get_width() for p in c] for c in ax.containers if isinstance(c, BarContainer)}
+        for name, width in zip(names, bars["Cross-sentence"]):
+            cell = next(line for line in cross.splitlines() if line.startswith(f"| {name} |")).split(" | ")[column]
+            assert float(cell.split(" ± ")[0]) == pytest.approx(width, abs=5e-3), (name, cell, width)
+    assert "| ar | – | 12.00 ± 2.00 | 12.00 ± 2.00 | 0.720 ± 0.020 |" in cross
+    segments = [segment for c in wer_ax.containers if isinstance(c, ErrorbarContainer)
+                for segment in c.lines[2][0].get_segments()]
+    assert len(segments) == 2  # AR's only, one per task
+    assert all(seg[0][0] == pytest.approx(10.0) and seg[1][0] == pytest.approx(14.0) for seg in segments)
+    ceilings = sorted(line.get_xdata()[0] for line in wer_ax.lines if line.get_marker() == "d")
+    assert ceilings == [20.0] * 4  # AR and DELTA, both tasks
+    assert all(t.get_rotation() == 0 for t in wer_ax.get_yticklabels())
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels[:2] == ["Continuation", "Cross-sentence"] and any("sd over synthesis seeds" in t for t in labels)
+    assert not any(_boxes_overlap(legend.get_window_extent(), ax.get_window_extent()) for ax in (wer_ax, sim_ax))
+    plt.close(fig)
+
+
+def test_wer_rtf_plot_names_every_point_and_keeps_labels_apart():
+    """Comparison systems at their means ± sd, named in a legend beside the axes; grid and ablation
+    points numbered, two on one spot sharing a label; distinct tick labels on the log axis even
+    inside one decade; no label on another."""
+    import matplotlib.pyplot as plt
+
+    from arnar.report import wer_rtf_figure
+
+    def timed(wer, rtf, passes):
+        return {"cross_sentence": result(wer=wer, rtf=rtf, passes=passes)}
+
+    results = {"ar": timed(30.0, 0.060, 100), "ar_seed2": timed(34.0, 0.062, 100),
+               "delta": timed(40.0, 0.080, 16), "delta_steps4": timed(60.0, 0.050, 4),
+               "delta_steps8": timed(50.0, 0.065, 8), "delta_noconv": timed(45.0, 0.070, 16),
+               "delta_noprompt": timed(45.0, 0.070, 16), "cod": {"cross_sentence": result(wer=90.0)}}
+    layout = Layout(references=[], comparison={"ar": ["ar", "ar_seed2"], "delta": ["delta"], "cod": ["cod"]},
+                    grids={"delta_steps": [4, 8, 16]})
+    fig = wer_rtf_figure(results, grids=layout.grids, layout=layout)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    low, high = ax.get_xlim()
+    ticks = [t for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high]
+    assert len(ticks) >= 2 and len({t.get_text() for t in ticks}) == len(ticks)
+    boxes = sorted((t.get_window_extent() for t in ticks), key=lambda box: box.x0)
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))
+    (legend,) = [child for a in fig.axes for child in a.get_children() if child.__class__.__name__ == "Legend"]
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == ["ar (100 passes)", "delta (16 passes)", "grid delta_steps"]  # cod is not timed
+    assert not any("other" in label for label in labels)
+    assert not _boxes_overlap(legend.get_window_extent(), ax.get_window_extent())
+    (ar,) = [c for c in ax.containers if c.get_label() == "ar (100 passes)"]
+    assert ar.lines[0].get_xdata()[0] == pytest.approx(0.061) and ar.lines[0].get_ydata()[0] == pytest.approx(32.0)
+    assert ar.has_yerr
+    notes = [child for child in ax.get_children() if child.__class__.__name__ == "Annotation"]
+    # numbered by RTF: delta_steps4 1, delta_steps8 2, delta_noconv 3 and delta_noprompt 4 on one spot
+    assert sorted(n.get_text() for n in notes) == ["1", "2", "3,4"]
+    note_boxes = [n.get_window_extent() for n in notes]
+    assert not any(_boxes_overlap(a, b) for i, a in enumerate(note_boxes) for b in note_boxes[i + 1:])
+    plt.close(fig)
+
+
+def test_plots_redraw_from_the_committed_metrics(tmp_path):
+    """metrics.json keeps what the comparison plots read: rebuilt results give the table's numbers."""
+    import json
+
+    from arnar.report import METRICS, metrics_summary, plots_from_metrics, results_from_metrics, stat
+
+    results = {"resynth_offline": both(wer=20.0), "ar": both(wer=10.0, rtf=0.05, fpl_l=0.5, passes=90),
+               "ar_seed2": both(wer=12.0, rtf=0.06, fpl_l=0.6, passes=92)}
+    audit = {"asr": {"pocketsphinx": {"overall": {"wer_corpus": 3.0}}}, "sim": {}}
+    metrics = metrics_summary(results, audit)
+    rebuilt = results_from_metrics(metrics, ["pocketsphinx"])
+    layout = {"references": ["resynth_offline"], "comparison": {"ar": ["ar", "ar_seed2"]},
+              "ceilings": {"ar": "resynth_offline"}}
+    for metric in ("wer", "sim", "rtf", "passes"):
+        for task in ("continuation", "cross_sentence"):
+            for replicas in (["resynth_offline"], ["ar", "ar_seed2"]):
+                assert stat(rebuilt, replicas, task, METRICS[metric]) == stat(results, replicas, task, METRICS[metric])
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    drawn = plots_from_metrics(tmp_path / "metrics.json", layout, ["pocketsphinx"], tmp_path / "plots")
+    assert drawn == ["systems.png", "wer_vs_rtf.png"]
+    assert all((tmp_path / "plots" / name).stat().st_size > 5000 for name in drawn)

@@ -423,7 +423,7 @@ def test_options_and_configs():
 
 
 def test_finetuning_starts_from_the_pretrained_network(tmp_path):
-    """train.init_from (syncspeech.txt 2.3: pre-training, then fine-tuning): the two stages' configs
+    """train.init_from (SyncSpeech, arXiv:2502.11094, Sec. 2.1: pre-training, then fine-tuning): the two stages' configs
     differ only in ``stage``, so the pre-trained state dict fits the fine-tuning model exactly,
     duration head and the E / D embeddings included; loaded, the fine-tuning model computes what the
     pre-trained one does. A duration head of another size is refused by name."""

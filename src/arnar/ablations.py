@@ -47,39 +47,39 @@ class Grid:
 
 
 GRIDS = {g.name: g for g in [
-    Grid("syncspeech_q", "syncspeech", "syncspeech", 1, "q (look-ahead)", "syncspeech.txt Table 4",
+    Grid("syncspeech_q", "syncspeech", "syncspeech", 1, "q (look-ahead)", "SyncSpeech (arXiv:2502.11094) Table 4",
          "SyncSpeech: look-ahead text tokens", "q", override="paradigm.options.q"),
-    Grid("syncspeech_duration_top_k", "syncspeech", "syncspeech", 3, "Duration top-k", "syncspeech.txt Table 3",
+    Grid("syncspeech_duration_top_k", "syncspeech", "syncspeech", 3, "Duration top-k", "SyncSpeech (arXiv:2502.11094) Table 3",
          "SyncSpeech: duration top-k (1 = greedy)", "dtopk", decoding="duration_top_k"),
-    Grid("syncspeech_speech_top_k", "syncspeech", "syncspeech", 1, "Speech-token top-k", "syncspeech.txt Table 3",
+    Grid("syncspeech_speech_top_k", "syncspeech", "syncspeech", 1, "Speech-token top-k", "SyncSpeech (arXiv:2502.11094) Table 3",
          "SyncSpeech: speech-token top-k (1 = greedy)", "stopk", decoding="speech_top_k"),
-    Grid("cod_levels", "cod", "cod", 3, "Levels", "chain_of_details.txt Table IV",
+    Grid("cod_levels", "cod", "cod", 3, "Levels", "Chain-of-Details (arXiv:2604.19330) Table IV",
          "Chain-of-Details: temporal levels", "l", config_of={1: "cod_l1", 2: "cod_l2", 3: "cod"}),
-    # chain_of_details.txt IV-B (Inference details) says only "we decrease the guidance level linearly
+    # Chain-of-Details (arXiv:2604.19330) Sec. IV-B (Inference details) says only "we decrease the guidance level linearly
     # from 3 to 0.75", not how w combines the conditional (c) and unconditional (u) logits: extrapolate
     # c + w (c - u) (still pushes away from u at 0.75) or interpolate u + w (c - u) (w = 1 is plain c).
     # Both decode the trained `cod` run. The default value (the `cod` row) is cod.py's own default, read
     # from DECODING, so the row names follow when that default is changed after a measured run.
     Grid("cod_guidance_form", "cod", "cod", COD_DECODING["guidance_form"], "CFG form (w: 3 -> 0.75)",
-         "chain_of_details.txt IV-B", "Chain-of-Details: guidance form (extrapolate c + w(c - u), "
+         "Chain-of-Details (arXiv:2604.19330) Sec. IV-B", "Chain-of-Details: guidance form (extrapolate c + w(c - u), "
          "interpolate u + w(c - u))", "guidance_", decoding="guidance_form"),
-    Grid("delta_steps", "delta", "delta", 16, "Steps", "delta_tts.txt Fig. 2",
+    Grid("delta_steps", "delta", "delta", 16, "Steps", "DELTA-TTS (OpenReview v2DbAIl7sf) Fig. 2",
          "DELTA-TTS: unmasking steps", "steps", decoding="steps", plot=True),
-    Grid("delta_mu", "delta", "delta", 0.3, "Schedule mu (1 = uniform)", "delta_tts.txt Table 5, Eq. 3",
+    Grid("delta_mu", "delta", "delta", 0.3, "Schedule mu (1 = uniform)", "DELTA-TTS (OpenReview v2DbAIl7sf) Table 5, Eq. 3",
          "DELTA-TTS: time-shifted schedule", "mu", decoding="mu"),
-    Grid("palle_stage1_steps", "palle", "palle", 100, "Stage-one steps", "palle.txt Fig. 4 (a, b)",
+    Grid("palle_stage1_steps", "palle", "palle", 100, "Stage-one steps", "PALLE (arXiv:2504.10352) Fig. 4 (a, b)",
          "PALLE: stage-one inference steps", "s1steps", decoding="steps", plot=True),
-    Grid("palle_stage2_steps", "palle", "palle", 7, "Stage-two steps", "palle.txt Fig. 4 (c, d)",
+    Grid("palle_stage2_steps", "palle", "palle", 7, "Stage-two steps", "PALLE (arXiv:2504.10352) Fig. 4 (c, d)",
          "PALLE: stage-two inference steps", "s2steps", decoding="refine_steps", plot=True),
-    # palle.txt Eqs. 15-16: every refinement step the stage-two network scores the current sequence
+    # PALLE (arXiv:2504.10352) Eqs. 15-16: every refinement step the stage-two network scores the current sequence
     # ("rescore", the default, read from palle.py) against the project's earlier rule, which walked
     # the frames stage one committed with the least confidence (issue 22 item 1: before / after)
     Grid("palle_refine_rule", "palle", "palle", PALLE_DECODING["refine_rule"], "Refinement rule",
-         "palle.txt Eqs. 15-16", "PALLE: stage-two refinement rule (rescore: stage two scores the current "
+         "PALLE (arXiv:2504.10352) Eqs. 15-16", "PALLE: stage-two refinement rule (rescore: stage two scores the current "
          "sequence each step; stage_one_confidence: stage one's confidences, fixed in advance)", "refine_",
          decoding="refine_rule"),
     # Fig. 5 scales the ground-truth duration, so every value (1.0 included) decodes with it
-    Grid("palle_duration", "palle", "palle", 1.0, "Duration multiplier", "palle.txt Fig. 5",
+    Grid("palle_duration", "palle", "palle", 1.0, "Duration multiplier", "PALLE (arXiv:2504.10352) Fig. 5",
          "PALLE: total duration multiplier (x ground-truth duration)", "dur", decoding="duration_multiplier",
          shared={"target_duration": "ground_truth"}, plot=True),
 ]}

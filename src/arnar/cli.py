@@ -28,6 +28,17 @@ def cmd_config(args: argparse.Namespace) -> None:
     print(json.dumps(load_params(args.params, overrides), indent=2))
 
 
+def cmd_config_docs(args: argparse.Namespace) -> None:
+    from arnar.config_docs import render_config_docs
+
+    text = render_config_docs(Path(args.params))
+    if args.out:
+        _atomic_write_text(Path(args.out), text)
+        log.info("wrote %s", args.out)
+    else:
+        print(text, end="")
+
+
 def cmd_runs(args: argparse.Namespace) -> None:
     from arnar.config import load_params
     from arnar.runs import run_registry
@@ -123,8 +134,21 @@ def cmd_corpus_download(args: argparse.Namespace) -> None:
 
 
 def cmd_corpus_prepare(args: argparse.Namespace) -> None:
+    from arnar.corpus.manifests import CorpusError
     from arnar.corpus.recipes import prepare_corpus
 
+    if args.corpus == "folder":  # your own recordings (arnar.corpus.recipes.folder)
+        from arnar.corpus.recipes.folder import prepare_folder_corpus
+
+        if not args.path:
+            raise CorpusError("--corpus folder needs --path, the folder of your recordings")
+        summary = prepare_folder_corpus(Path(args.path), Path(args.out), sample_rate=args.sample_rate,
+                                        test_speakers=args.test_speakers, seed=args.seed, workers=args.workers)
+        log.info("corpus folder %s: %d audio files, %d speakers, %.2f h", args.path, summary["audio_files"],
+                 summary["speakers"], summary["hours"])
+        return
+    if not args.download_dir:
+        raise CorpusError(f"--corpus {args.corpus} needs --download-dir")
     mls_options = {"audio": args.mls_audio, "min_snr": args.mls_min_snr, "min_c50": args.mls_min_c50,
                    "estimator": args.mls_estimator, "brouhaha_model": args.mls_brouhaha_model}
     summary = prepare_corpus(args.corpus, Path(args.download_dir), Path(args.out), sample_rate=args.sample_rate,
@@ -214,6 +238,16 @@ def cmd_report(args: argparse.Namespace) -> None:
         samples=args.samples, profile=args.profile, train_dir=Path(args.train_dir) if args.train_dir else None,
         layout=json.loads(args.layout) if args.layout else None,
     )
+
+
+def cmd_samples(args: argparse.Namespace) -> None:
+    from arnar.samples import build_samples
+
+    summary = build_samples(testlist=Path(args.testlist), prompts_dir=Path(args.prompts),
+                            systems_dir=Path(args.systems_dir), systems=args.systems, out_dir=Path(args.out),
+                            profile=args.profile, task=args.task, count=args.items)
+    log.info("samples: %d items x %d rows, %d files, %.2f MB in %s", len(summary["items"]), len(summary["rows"]),
+             summary["files"], summary["bytes"] / 1e6, args.out)
 
 
 def cmd_align(args: argparse.Namespace) -> None:
@@ -460,7 +494,10 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="arnar", description=__doc__.splitlines()[0])
+    # `arnar --help` lists every subcommand with a one-line help (at most 54 characters, so each
+    # fits its line in 80 columns; tests/test_cli.py checks); longer text goes in its description
+    parser = argparse.ArgumentParser(prog="arnar", description=__doc__.splitlines()[0],
+                                     epilog="'arnar <command> --help' gives a command's options.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -469,7 +506,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="override the profile named in the file")
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("runs", help="the profile's training runs, their chains and evaluated systems (arnar.runs)")
+    p = sub.add_parser("config-docs", help="write docs/configuration.md from the schema",
+                       description="Document every key of params.yaml (type, default, the profiles that "
+                       "override it, meaning) from workflow/schemas/params.schema.yaml and params.yaml "
+                       "(arnar.config_docs); tests/test_config_docs.py fails when the committed page is stale.")
+    p.add_argument("--params", default="params.yaml", help="the params file (its schema: "
+                   "workflow/schemas/params.schema.yaml beside it)")
+    p.add_argument("--out", help="write the page here (default: print it)")
+    p.set_defaults(func=cmd_config_docs)
+
+    p = sub.add_parser("runs", help="list the profile's training runs and systems",
+                       description="The profile's training runs, their chains (init_from, reads, base run) "
+                       "and the systems evaluated from each (arnar.runs).")
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--profile", help="override the profile named in the file")
     p.set_defaults(func=cmd_runs)
@@ -484,7 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("ingest", help="validate a raw corpus, write lhotse manifests + quarantine report")
+    p = sub.add_parser("ingest", help="validate a corpus into manifests and a quarantine",
+                       description="Validate a raw corpus folder and write lhotse manifests (train, dev, "
+                       "test) and the quarantine report of the items that failed, with their reasons.")
     p.add_argument("--corpus", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--sample-rate", type=int, required=True)
@@ -515,11 +565,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_corpus_report)
 
     # Paper-scale corpora (arnar.corpus.recipes): `arnar corpus download`, then `arnar corpus prepare`.
-    p = sub.add_parser("corpus", help="download and lay out a paper-scale corpus (libritts, mls)")
+    p = sub.add_parser("corpus", help="download and lay out a corpus for ingest",
+                       description="Paper-scale corpora (libritts, mls): 'download' each part, then 'prepare' "
+                       "lays the sources out as a corpus folder for ingest; 'prepare --corpus folder' lays out "
+                       "your own recordings.")
     corpus_sub = p.add_subparsers(dest="corpus_command", required=True)
 
-    def add_download_options(q):
-        q.add_argument("--download-dir", required=True, help="archives and extracted sources")
+    def add_download_options(q, required=True):
+        q.add_argument("--download-dir", required=required, help="archives and extracted sources")
         q.add_argument("--mls-audio", choices=["flac", "opus"], default="flac")
 
     q = corpus_sub.add_parser("download", help="download, verify and extract one part of a source")
@@ -532,9 +585,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--remove-archive", action="store_true", help="delete the archive once extracted")
     q.set_defaults(func=cmd_corpus_download)
 
-    q = corpus_sub.add_parser("prepare", help="lay out the downloaded sources as a corpus folder for ingest")
-    q.add_argument("--corpus", required=True, choices=["libritts", "mls"])
-    add_download_options(q)
+    q = corpus_sub.add_parser("prepare", help="lay out sources or your own folder for ingest",
+                              description="Lay out the downloaded sources (libritts, mls), or your own folder "
+                              "of recordings (folder), as a corpus folder for ingest.")
+    q.add_argument("--corpus", required=True, choices=["libritts", "mls", "folder"])
+    add_download_options(q, required=False)  # libritts, mls
+    q.add_argument("--path", help="folder: the folder of your recordings (docs/own-corpus.md)")
+    q.add_argument("--test-speakers", type=int, default=0, help="folder: speakers held out as the test split")
+    q.add_argument("--seed", type=int, default=0, help="folder: the seed of the test speakers' choice")
     q.add_argument("--out", required=True)
     q.add_argument("--sample-rate", type=int, required=True)
     q.add_argument("--libritts-parts", nargs="*", default=["train-clean-100", "train-clean-360", "train-other-500"])
@@ -545,7 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--workers", type=int, default=1)
     q.set_defaults(func=cmd_corpus_prepare)
 
-    p = sub.add_parser("align", help="forced-align one split; failures are quarantined with the reason")
+    p = sub.add_parser("align", help="forced-align one split (failures are quarantined)",
+                       description="Forced-align one split; utterances the aligner cannot align are "
+                       "quarantined with the reason.")
     p.add_argument("--aligner", required=True, choices=["pocketsphinx", "mfa", "oracle"])
     p.add_argument("--cuts", required=True)
     p.add_argument("--out", required=True, help="alignments, one JSON object per line")
@@ -575,7 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quarantine", required=True)
     p.set_defaults(func=cmd_durations)
 
-    p = sub.add_parser("train-codec", help="train the offline codec on a corpus and its phone alignments")
+    p = sub.add_parser("train-codec", help="train the offline codec on a corpus",
+                       description="Train the offline codec on a corpus's cuts and their phone alignments "
+                       "(arnar.codec.offline).")
     p.add_argument("--cuts", required=True, help="training cuts")
     p.add_argument("--alignments", help="phone alignments JSONL of the same split")
     p.add_argument("--out", required=True, help="model folder")
@@ -595,7 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="token folder; shards go to <out>/<split>/")
     p.set_defaults(func=cmd_tokenize)
 
-    p = sub.add_parser("resynthesize", help="test-list targets through a codec and back (reference row)")
+    p = sub.add_parser("resynthesize", help="test-list targets through a codec and back",
+                       description="Ground truth -> tokens -> audio for every test-list item: the codec's "
+                       "reference row.")
     p.add_argument("--codec", required=True)
     p.add_argument("--model")
     p.add_argument("--n-codebooks", type=int, help="decode the first N quantizers only (offline_rvq: 1 is "
@@ -606,8 +670,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_resynthesize)
 
-    p = sub.add_parser("ladder", help="teacher-forced rung of the diagnostic ladder: a next-token run (or PALLE stage one) fed the "
-                       "true tokens, its argmax predictions decoded (evaluate it like any system)")
+    p = sub.add_parser("ladder", help="teacher-forced rung of the diagnostic ladder",
+                       description="The teacher-forced rung of the diagnostic ladder: a next-token run (or "
+                       "PALLE stage one) fed the true tokens, its argmax predictions decoded (evaluate it like "
+                       "any system).")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoint", default="best")
     p.add_argument("--codec", required=True)
@@ -620,8 +686,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_ladder)
 
-    p = sub.add_parser("text-reliance", help="dev loss of a run with each utterance's own text and with "
-                       "another's: whether the model reads its text (arnar.evaluate.text_reliance)")
+    p = sub.add_parser("text-reliance", help="dev loss with own and swapped texts",
+                       description="Dev loss of a run with each utterance's own text and with another's: "
+                       "whether the model reads its text (arnar.evaluate.text_reliance).")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoints", nargs="+", default=["best"], help="best, final, last or step_<N> (default: best)")
     p.add_argument("--dev-tokens", required=True, help="token split folder the run was evaluated on (tokens/<codec>/dev)")
@@ -630,7 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the rows as JSON here")
     p.set_defaults(func=cmd_text_reliance)
 
-    p = sub.add_parser("synthesize", help="speak text (or a whole test list) with a trained paradigm")
+    p = sub.add_parser("synthesize", help="speak text or a test list with a trained paradigm",
+                       description="Speak one sentence (--text) or a whole frozen test list (--testlist) with "
+                       "a trained paradigm, through the codec it was trained on.")
     p.add_argument("--run-dir", required=True, help="a training run (data/<profile>/runs/<paradigm>)")
     p.add_argument("--checkpoint", default="best", help="best (lowest dev loss; the default), final, last, or step_<N>")
     p.add_argument("--codec", required=True, help="the token set the run was trained on (offline, s3)")
@@ -655,16 +724,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_synthesize)
 
     # `arnar train ...` is dispatched to arnar.train.main before this parser (see main); listed for --help
-    sub.add_parser("stream", help="SyncSpeech: speak text as it arrives, audio chunks as they are ready"
-                   " (see arnar stream --help)")
-    sub.add_parser("cod-features", help="Chain-of-Details inputs: phonemes and speaker embeddings per utterance"
-                   " (see arnar cod-features --help)")
-    sub.add_parser("coarse-tokens", help="Chain-of-Details Table V: fit coarse tokens of other kinds, add them to"
-                   " its features (see arnar coarse-tokens --help)")
-    sub.add_parser("train", help="train a paradigm: arnar train --run-dir R --tokens T --durations D --text-units U"
-                   " -- paradigm=ar model=small train=mini (see arnar train --help)")
+    # (their own parsers give the details: arnar stream --help, arnar train --help, ...)
+    sub.add_parser("stream", help="SyncSpeech: audio chunks as the text arrives")
+    sub.add_parser("cod-features", help="Chain-of-Details inputs: phonemes, speaker vectors")
+    sub.add_parser("coarse-tokens", help="Chain-of-Details Table V: coarse token kinds")
+    sub.add_parser("train", help="train one paradigm run (Hydra overrides after --)")
 
-    p = sub.add_parser("testlists", help="build the zero-shot test lists; check them against the frozen ones")
+    p = sub.add_parser("testlists", help="build the test lists, check them against frozen ones",
+                       description="Build the zero-shot test lists from the test split and check them against "
+                       "the frozen ones (--write freezes them).")
     p.add_argument("--cuts", required=True, help="lhotse cuts of the test split")
     p.add_argument("--profile", default="mini", help="whose frozen lists (src/arnar/evaluate/testlists/<profile>)")
     p.add_argument("--frozen-dir", help="folder of the frozen lists (default: the profile's, in the package)")
@@ -686,12 +754,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_backends(p):
         from arnar.evaluate.asr import ASR_BACKENDS
+        from arnar.evaluate.similarity import ENCODERS
 
         p.add_argument("--asr", action="append", required=True, choices=ASR_BACKENDS)
-        p.add_argument("--sim", required=True, choices=["resemblyzer", "wavlm"])
+        p.add_argument("--sim", required=True, choices=ENCODERS)
 
-    p = sub.add_parser("curve", help="learning curve: each kept checkpoint of a run speaks a test list and is "
-                       "judged (WER, SIM) beside its dev loss")
+    p = sub.add_parser("curve", help="learning curve: WER and SIM of each kept checkpoint",
+                       description="A learning curve: each kept checkpoint of a run speaks a test list and is "
+                       "judged (WER, SIM) beside its dev loss; curve.md and curve.json under --out.")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoints", nargs="+", help="names (step_<N>, best, final); default: every kept "
                    "checkpoints/step_<N>.pt, then final")
@@ -723,7 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-tsv", required=True)
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("audit", help="ground-truth audit: per-voice WER, same/different-speaker SIM")
+    p = sub.add_parser("audit", help="ground-truth audit: per-voice WER, speaker SIM",
+                       description="Ground-truth audit: WER per voice and same/different-speaker SIM of the "
+                       "corpus's own recordings.")
     p.add_argument("--cuts", action="append", required=True)
     p.add_argument("--corpus", required=True, help="corpus folder (its speakers.tsv gives voices)")
     p.add_argument("--per-speaker", type=int, default=None,
@@ -746,6 +818,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", help="JSON: reference rows, comparison systems with their seed replicas, grids, "
                                     "system -> run, system -> tasks (workflow/rules/runs.smk report_layout)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("samples", help="a few test items as MP3, with pages that play them",
+                       description="A few test items (one speaker each where the list has them): the prompt, "
+                       "every system's wav as MP3, README.md and index.html that play them (arnar.samples); "
+                       "over 2 MB in all is an error.")
+    p.add_argument("--testlist", required=True)
+    p.add_argument("--prompts", required=True, help="folder of the task's <item_id>.wav prompts")
+    p.add_argument("--systems-dir", required=True, help="folder with <system>/<task>/<item_id>.wav")
+    p.add_argument("--systems", nargs="+", required=True, help="rows after the prompt, in page order")
+    p.add_argument("--task", default="cross_sentence")
+    p.add_argument("--items", type=int, default=3)
+    p.add_argument("--profile", required=True)
+    p.add_argument("--out", required=True, help="folder: <item_id>/<row>.mp3, README.md, index.html")
+    p.set_defaults(func=cmd_samples)
     return parser
 
 
@@ -766,13 +852,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from arnar.evaluate.similarity import SimUnavailableError
     from arnar.synthesize import SynthesisInputError
     from arnar.evaluate.curve import CurveError
+    from arnar.samples import SamplesError
     from arnar.train import TrainError
 
     # AsrUnavailableError / SimUnavailableError: hub weights that cannot be had, said in one line;
     # TrainError: a run or checkpoint that cannot be loaded (arnar synthesize --run-dir)
     return (ConfigError, CorpusError, SynthError, SourceMissingError, TokenizerError, TestListError,
             AudioError, AsrUnavailableError, SimUnavailableError, AlignerUnavailableError, CodecError, FileNotFoundError,
-            SynthesisInputError, TrainError, CurveError)
+            SynthesisInputError, TrainError, CurveError, SamplesError)
 
 
 def main(argv: list[str] | None = None) -> int:

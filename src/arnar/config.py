@@ -93,8 +93,27 @@ def resolve_profile(config: Mapping[str, Any], schema_path: Path = SCHEMA_PATH) 
             f"corpus: test_speakers ({corpus['test_speakers']}) must be fewer than speakers "
             f"({corpus['speakers']}) so that some speakers are left for training"
         )
+    if corpus["name"] == "folder" and not corpus["path"]:
+        raise ConfigError("corpus.path: corpus.name 'folder' needs the folder of your recordings "
+                          "(docs/own-corpus.md)")
+    check_oracle_timings(resolved)
     check_named_files(resolved)
     return resolved
+
+
+def check_oracle_timings(resolved: Mapping[str, Any]) -> None:
+    """Oracle timings (the ``.align.json`` beside each utterance) exist for synth only: another
+    corpus must align with a real aligner and cannot score it against them."""
+    name, alignment = resolved["corpus"]["name"], resolved["alignment"]
+    if name == "synth":
+        return
+    for key in ("aligner", "train_aligner"):
+        if alignment[key] == "oracle":
+            raise ConfigError(f"alignment.{key}: 'oracle' reads the synthesizer's own timings, which corpus.name "
+                              f"{name!r} does not have; use pocketsphinx or mfa")
+    if alignment["score_splits"]:
+        raise ConfigError(f"alignment.score_splits: {alignment['score_splits']} scores the aligner against the "
+                          f"synthesizer's own timings, which corpus.name {name!r} does not have; set it to []")
 
 
 def check_named_files(resolved: Mapping[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The report: paper-format Markdown tables, plots, a metrics file for DVC, an HTML page with audio.
 
 Inputs are the evaluation results (``results/<profile>/eval/<system>/<task>.json`` and the
-ground-truth audit); nothing is recomputed here. The comparison table follows palle.txt
+ground-truth audit); nothing is recomputed here. The comparison table follows PALLE (arXiv:2504.10352)
 Table 3: one row per system (reference rows first), per task the WER of every ASR backend
 under both conventions, SIM, and the speed columns; a dash where a system has no value (the
 ground truth has no generation time).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import shutil
 import statistics
 from dataclasses import dataclass, field
@@ -130,14 +131,14 @@ def stat(results: dict, replicas: Sequence[str], task: str, read) -> Stat | None
 # paper's own system. Each group is a line under every task's table when all its rows are there.
 ROW_NOTES = [
     {"cod": "this project's CoD (the prompt's tokens as an unmasked prefix, besides the adaLN speaker embedding)",
-     "cod_paper": "the paper's CoD (voice from the adaLN speaker embedding only; chain_of_details.txt IV-A, Fig. 2)"},
+     "cod_paper": "the paper's CoD (voice from the adaLN speaker embedding only; Chain-of-Details (arXiv:2604.19330) Sec. IV-A, Fig. 2)"},
 ]
 
 
 def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None = None,
                      parameters: dict[str, float] | None = None,
                      summaries: dict[str, dict] | None = None) -> str:
-    """One Markdown table per task in the columns of palle.txt Table 3: reference rows, then every
+    """One Markdown table per task in the columns of PALLE (arXiv:2504.10352) Table 3: reference rows, then every
     paradigm's system with mean ± standard deviation over its synthesis seeds."""
     layout = layout or Layout.plain(list(results))
     parameters = parameters or {}
@@ -292,22 +293,22 @@ def voice_group_table(results: dict[str, dict[str, dict]], layout: Layout | None
 # Named ablations (variant sets) in their paper's table: (ablation key or None for always,
 # title, paper table, setting column, [(system, setting), ...])
 ABLATION_TABLES = [
-    ("syncspeech_table2", "SyncSpeech: pre-training and attention mask", "syncspeech.txt Table 2", "Variant",
+    ("syncspeech_table2", "SyncSpeech: pre-training and attention mask", "SyncSpeech (arXiv:2502.11094) Table 2", "Variant",
      [("syncspeech", "SyncSpeech"), ("syncspeech_nopretrain", "w/o pre-training"),
       ("syncspeech_causal", "causal mask instead of hybrid")]),
-    ("delta_table5", "DELTA-TTS: components of the conversion", "delta_tts.txt Table 5", "Variant",
+    ("delta_table5", "DELTA-TTS: components of the conversion", "DELTA-TTS (OpenReview v2DbAIl7sf) Table 5", "Variant",
      [("delta", "DELTA-TTS (conv + LoRA + time-shifted + prompt)"), ("delta_noconv", "w/o convolution branch"),
       ("delta_lora_budget", "w/o convolution, LoRA rank at its budget"), ("delta_noprompt", "w/o prompt-conditioned training"),
       ("delta_unfrozen", "full unfreeze (no LoRA, + conv)"),
       # the paper's causal baseline: the same LoRA budget and updates, trained causally, so the
       # conversion's effect is read apart from the extra training
       ("ar_lora", "AR + LoRA, causal (no conversion)"), ("ar", "the AR source model")]),
-    ("cod_table5", "Chain-of-Details: coarse token types", "chain_of_details.txt Table V", "Coarse tokens",
+    ("cod_table5", "Chain-of-Details: coarse token types", "Chain-of-Details (arXiv:2604.19330) Table V", "Coarse tokens",
      [("cod", "Decimated-with-3-levels (first quantizer decimated)"),
       ("cod_ind", "C2C1-Ind-trained (3 levels, k-means codebooks of their own on pooled latents)"),
       ("cod_shared", "C2C1-ShareCodebook (3 levels, the first codebook on pooled latents)"),
       ("cod_units", "units-2-levels (25 Hz encoder units; the paper's HuBERT-2-levels)")]),
-    (None, "PALLE: stages", "palle.txt Table 3", "Stages",
+    (None, "PALLE: stages", "PALLE (arXiv:2504.10352) Table 3", "Stages",
      [("palle_stage1", "PAR only"), ("palle", "PAR + refinement")]),
 ]
 
@@ -386,25 +387,25 @@ class Claim:
 
 
 CLAIMS = [
-    Claim("PAR beats AR on WER", "palle.txt Table 3 (Sys. C1 vs A)", "palle_stage1", "ar"),
-    Claim("PAR beats NAR on WER", "palle.txt Table 3 (Sys. C1 vs B)", "palle_stage1", "nar"),
-    Claim("PAR is faster than AR (token-stage RTF)", "palle.txt Table 3", "palle_stage1", "ar", "rtf"),
-    Claim("Refinement (stage two) lowers PALLE's WER", "palle.txt Table 1", "palle", "palle_stage1"),
-    Claim("SyncSpeech's first packet comes sooner than AR's (FPL-L)", "syncspeech.txt Table 1", "syncspeech", "ar",
+    Claim("PAR beats AR on WER", "PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs A)", "palle_stage1", "ar"),
+    Claim("PAR beats NAR on WER", "PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs B)", "palle_stage1", "nar"),
+    Claim("PAR is faster than AR (token-stage RTF)", "PALLE (arXiv:2504.10352) Table 3", "palle_stage1", "ar", "rtf"),
+    Claim("Refinement (stage two) lowers PALLE's WER", "PALLE (arXiv:2504.10352) Table 1", "palle", "palle_stage1"),
+    Claim("SyncSpeech's first packet comes sooner than AR's (FPL-L)", "SyncSpeech (arXiv:2502.11094) Table 1", "syncspeech", "ar",
           "fpl_l"),
-    Claim("SyncSpeech is faster than AR (token-stage RTF)", "syncspeech.txt Table 1", "syncspeech", "ar", "rtf"),
-    Claim("Pre-training helps SyncSpeech", "syncspeech.txt Table 2", "syncspeech", "syncspeech_nopretrain"),
-    Claim("The hybrid mask beats a causal mask", "syncspeech.txt Table 2", "syncspeech", "syncspeech_causal"),
-    Claim("Look-ahead q = 1 beats q = 2 on WER", "syncspeech.txt Table 4", "syncspeech", "syncspeech_q2"),
-    Claim("Three temporal levels beat one", "chain_of_details.txt Table IV", "cod", "cod_l1"),
-    Claim("Three temporal levels beat two", "chain_of_details.txt Table IV", "cod", "cod_l2"),
-    Claim("Decimated coarse tokens beat independently trained ones", "chain_of_details.txt Table V", "cod", "cod_ind"),
-    Claim("Decimated coarse tokens beat ones sharing the codebook", "chain_of_details.txt Table V", "cod",
+    Claim("SyncSpeech is faster than AR (token-stage RTF)", "SyncSpeech (arXiv:2502.11094) Table 1", "syncspeech", "ar", "rtf"),
+    Claim("Pre-training helps SyncSpeech", "SyncSpeech (arXiv:2502.11094) Table 2", "syncspeech", "syncspeech_nopretrain"),
+    Claim("The hybrid mask beats a causal mask", "SyncSpeech (arXiv:2502.11094) Table 2", "syncspeech", "syncspeech_causal"),
+    Claim("Look-ahead q = 1 beats q = 2 on WER", "SyncSpeech (arXiv:2502.11094) Table 4", "syncspeech", "syncspeech_q2"),
+    Claim("Three temporal levels beat one", "Chain-of-Details (arXiv:2604.19330) Table IV", "cod", "cod_l1"),
+    Claim("Three temporal levels beat two", "Chain-of-Details (arXiv:2604.19330) Table IV", "cod", "cod_l2"),
+    Claim("Decimated coarse tokens beat independently trained ones", "Chain-of-Details (arXiv:2604.19330) Table V", "cod", "cod_ind"),
+    Claim("Decimated coarse tokens beat ones sharing the codebook", "Chain-of-Details (arXiv:2604.19330) Table V", "cod",
           "cod_shared"),
-    Claim("The time-shifted schedule beats the uniform one", "delta_tts.txt Table 5", "delta", "delta_mu1.0"),
-    Claim("More unmasking steps lower WER (16 vs 4)", "delta_tts.txt Fig. 2", "delta", "delta_steps4"),
-    Claim("DELTA-TTS is faster than its AR model (token-stage RTF)", "delta_tts.txt Table 1", "delta", "ar", "rtf"),
-    Claim("The convolution branch lowers DELTA's WER", "delta_tts.txt Table 5", "delta", "delta_noconv"),
+    Claim("The time-shifted schedule beats the uniform one", "DELTA-TTS (OpenReview v2DbAIl7sf) Table 5", "delta", "delta_mu1.0"),
+    Claim("More unmasking steps lower WER (16 vs 4)", "DELTA-TTS (OpenReview v2DbAIl7sf) Fig. 2", "delta", "delta_steps4"),
+    Claim("DELTA-TTS is faster than its AR model (token-stage RTF)", "DELTA-TTS (OpenReview v2DbAIl7sf) Table 1", "delta", "ar", "rtf"),
+    Claim("The convolution branch lowers DELTA's WER", "DELTA-TTS (OpenReview v2DbAIl7sf) Table 5", "delta", "delta_noconv"),
 ]
 LOWER_IS_BETTER = {"wer": True, "rtf": True, "fpl_l": True, "sim": False, "passes": True}
 # A system "speaks" a task when its WER is at most this many times its own ceiling row's (issue 21's
@@ -495,7 +496,7 @@ PAPER_PARAMETERS = {"palle": 177.0e6, "cod": 263e6, "delta": 494e6}
 
 
 def training_table(train_dir: Path | None, systems: Sequence[str]) -> str:
-    """Model size and training budget of every trained system (DESIGN.md section 6: a comparison
+    """Model size and training budget of every trained system (docs/design.md section 6: a comparison
     states sizes and steps), from the engine's summaries ``<train_dir>/<system>.json``."""
     if train_dir is None:
         return ""
@@ -579,23 +580,75 @@ def metrics_summary(results: dict[str, dict[str, dict]], audit: dict) -> dict:
 # --- plots ----------------------------------------------------------------------------------------
 
 
-def plot_systems(results: dict[str, dict[str, dict]], path: Path) -> None:
-    systems = list(results)
-    asr_names = list(next(iter(results.values()))[TASKS[0]]["asr"])
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    width = 0.8 / len(TASKS)
-    for k, task in enumerate(TASKS):
-        xs = [i + k * width for i in range(len(systems))]
-        wer = [results[s][task]["asr"][asr_names[0]]["wer_corpus"] for s in systems]
-        sim = [results[s][task]["sim"]["mean"] or 0.0 for s in systems]
-        axes[0].bar(xs, wer, width, label=TASK_TITLES[task])
-        axes[1].bar(xs, sim, width, label=TASK_TITLES[task])
-    for ax, title in zip(axes, (f"WER-{ASR_SHORT.get(asr_names[0], asr_names[0])} corpus (%)", "SIM to prompt")):
-        ax.set_xticks([i + width * (len(TASKS) - 1) / 2 for i in range(len(systems))], systems, rotation=20)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
+def table_rows(layout: Layout) -> list[tuple[str, list[str]]]:
+    """The comparison table's rows in its order, each with the systems its numbers pool: every
+    reference row alone, then every paradigm's system with its seed replicas (as comparison_table)."""
+    return [(s, [s]) for s in layout.references] + list(layout.comparison.items())
+
+
+TASK_COLOURS = {"continuation": "tab:blue", "cross_sentence": "tab:orange"}
+
+
+def systems_figure(results: dict[str, dict[str, dict]], layout: Layout):
+    """The comparison table as bars: per row and task, WER (first ASR backend, corpus) and SIM at
+    the table's mean over synthesis seeds (:func:`stat`, the numbers comparison_table prints), with
+    ± one standard deviation as error bars where a row pooled several seeds. A paradigm's bar
+    carries a diamond at its ceiling: the same metric of the resynthesis row of its own decoding
+    path (Layout.ceilings, the reference of the claims' 2x bar). Horizontal bars, so long names
+    read level; the legend sits under the axes, off the data."""
+    rows = table_rows(layout)
+    tasks = [t for t in TASKS if any(t in results.get(s, {}) for s, _ in rows)]
+    asr = next(iter(results[rows[0][0]][tasks[0]]["asr"]))
+    panels = [(METRICS["wer"], f"WER-{ASR_SHORT.get(asr, asr)} corpus (%) ↓"),
+              (METRICS["sim"], "SIM to the prompt ↑")]
+    bar = 0.8 / len(tasks)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 1.7 + 0.42 * len(rows)), sharey=True, dpi=110, layout="constrained")
+    for ax, (read, title) in zip(axes, panels):
+        right = 0.0
+        for k, task in enumerate(tasks):
+            offset = (k - (len(tasks) - 1) / 2) * bar
+            ys, means, spread = [], [], []
+            for i, (system, replicas) in enumerate(rows):
+                value = stat(results, replicas, task, read)
+                if value is None:
+                    continue
+                ys.append(i + offset)
+                means.append(value.mean)
+                spread.append(value.sd)
+                right = max(right, value.mean + (value.sd or 0.0))
+                ceiling = layout.ceilings.get(system)
+                reference = stat(results, [ceiling], task, read) if ceiling else None
+                if reference is not None:
+                    ax.plot(reference.mean, i + offset, "d", ms=6, mfc="white", mec="black", mew=1.2, zorder=4,
+                            label="its decoding path's resynthesis row (the ceiling)")
+                    right = max(right, reference.mean)
+            ax.barh(ys, means, bar, color=TASK_COLOURS.get(task), label=TASK_TITLES[task])
+            with_sd = [(y, m, sd) for y, m, sd in zip(ys, means, spread) if sd is not None]
+            if with_sd:
+                ax.errorbar([m for _, m, _ in with_sd], [y for y, _, _ in with_sd], xerr=[sd for _, _, sd in with_sd],
+                            fmt="none", ecolor="black", elinewidth=1, capsize=2.5, zorder=3,
+                            label="± 1 sd over synthesis seeds")
+        ax.set_xlim(0, right * 1.04 if right > 0 else 1)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", lw=0.4, alpha=0.5)
+        if layout.references and layout.comparison:  # reference rows above, paradigms below
+            ax.axhline(len(layout.references) - 0.5, color="grey", lw=0.8, ls=":")
+    axes[0].set_yticks(range(len(rows)), [s for s, _ in rows])
+    axes[0].invert_yaxis()  # the table's order, top to bottom
+    handles, labels = axes[0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles))  # one entry per kind (every ceiling diamond has the same label)
+    order = [TASK_TITLES[t] for t in tasks] + [label for label in unique if label not in TASK_TITLES.values()]
+    unique = {label: unique[label] for label in order if label in unique}
+    seeds = max(len(replicas) for _, replicas in rows)
+    fig.suptitle(f"Comparison rows: mean over {seeds} synthesis seeds (comparison.md); no error bar: one seed"
+                 if seeds > 1 else "Comparison rows (one synthesis seed)", fontsize=10)
+    fig.legend(list(unique.values()), list(unique), loc="outside lower center", ncol=len(unique), fontsize=8,
+               frameon=False)
+    return fig
+
+
+def plot_systems(results: dict[str, dict[str, dict]], layout: Layout, path: Path) -> None:
+    _save(systems_figure(results, layout), path)
 
 
 def grid_lines(grids: dict[str, list], present: set[str]) -> list[tuple[str, list[str]]]:
@@ -612,51 +665,182 @@ def grid_lines(grids: dict[str, list], present: set[str]) -> list[tuple[str, lis
     return lines
 
 
-def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str = "cross_sentence",
-                    grids: dict[str, list] | None = None) -> bool:
-    """Quality against speed for every timed system (the DELTA steps Pareto of delta_tts.txt
-    Fig. 2, PALLE's one vs two stages): WER (corpus) over the token-stage RTF. Each grid axis whose
-    systems are all timed is one line in its values' order (DELTA steps 4 -> 8 -> 16, ...); every
-    other system is a point. Points carry numbers, and the key beside the axes names them (with
-    their forward passes), so no label sits on another. Major ticks only on the log axis.
-    Returns False when no system is timed."""
-    from matplotlib.ticker import NullFormatter, NullLocator
+@dataclass(frozen=True)
+class SpeedPoint:
+    """A system on the WER-RTF plane: token-stage RTF, WER (corpus), its sd over seeds, passes."""
 
-    points = {}
+    rtf: float
+    wer: float
+    sd: float | None
+    passes: float | None
+
+
+def speed_points(results: dict[str, dict[str, dict]], layout: Layout, task: str
+                 ) -> tuple[dict[str, SpeedPoint], dict[str, SpeedPoint]]:
+    """The timed systems of ``task``: the comparison's, at the table's means over their seeds, and
+    every other evaluated system (ablations, grid values) at its one seed. Seed replicas are
+    pooled into their system, never points of their own."""
+    compared = {}
+    for system, replicas in layout.comparison.items():
+        wer, rtf = stat(results, replicas, task, METRICS["wer"]), stat(results, replicas, task, METRICS["rtf"])
+        if wer is not None and rtf is not None:
+            passes = stat(results, replicas, task, METRICS["passes"])
+            compared[system] = SpeedPoint(rtf.mean, wer.mean, wer.sd, passes.mean if passes else None)
+    pooled = {r for replicas in layout.comparison.values() for r in replicas}
+    single = {}
     for system, by_task in results.items():
-        if task not in by_task:
+        if system in pooled or task not in by_task or METRICS["rtf"](by_task[task]) is None:
             continue
         r = by_task[task]
-        speed = r.get("speed") or {}
-        if speed.get("rtf_token_stage") is None:
-            continue
-        asr = next(iter(r["asr"].values()))
-        points[system] = (speed["rtf_token_stage"], asr["wer_corpus"], speed.get("forward_passes"))
-    if not points:
-        return False
-    lines = grid_lines(grids or {}, set(points))
-    fig, (ax, key) = plt.subplots(1, 2, figsize=(10, 4.6), gridspec_kw={"width_ratios": [3, 2]})
-    for label, members in lines:
-        ax.plot([points[m][0] for m in members], [points[m][1] for m in members], "o-", lw=1, ms=4, label=label)
-    on_lines = {m for _, members in lines for m in members}
-    loose = [s for s in points if s not in on_lines]
-    ax.plot([points[s][0] for s in loose], [points[s][1] for s in loose], "ko", ms=4, label="other systems")
-    names = []
-    for number, system in enumerate(sorted(points, key=lambda s: (points[s][0], s)), start=1):
-        x, y, passes = points[system]
-        ax.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        names.append(f"{number:>2} {system}" + (f" ({passes:.0f} passes)" if passes else ""))
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_locator(NullLocator())
+        single[system] = SpeedPoint(METRICS["rtf"](r), METRICS["wer"](r), None, METRICS["passes"](r))
+    return compared, single
+
+
+def readable_log_ticks(ax, low: float, high: float) -> None:
+    """Plain-number ticks on a log x axis between ``low`` and ``high``: the densest of 1-9, 1-2-3-5,
+    1-2-5 and 1 per decade whose labels do not touch (a range inside one decade would otherwise
+    show one tick or none, a wide one labels on top of one another); minor ticks unlabelled."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xlim(low, high)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_locator(LogLocator(base=10, subs=tuple(float(k) for k in range(1, 10))))
     ax.xaxis.set_minor_formatter(NullFormatter())
+    renderer = ax.figure.canvas.get_renderer()
+    for subs in ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 5), (1, 2, 5), (1,)):
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=tuple(float(k) for k in subs)))
+        ax.figure.canvas.draw()
+        boxes = sorted((label.get_window_extent(renderer) for label in ax.get_xticklabels()
+                        if label.get_visible() and label.get_text() and low <= label.get_position()[0] <= high),
+                       key=lambda box: box.x0)
+        if len(boxes) >= 2 and all(a.x1 + 6 <= b.x0 for a, b in zip(boxes, boxes[1:])):
+            return
+
+
+def place_labels(ax, labels: list[tuple[float, float, str]], points: list[tuple[float, float]]) -> list:
+    """Write each ``(x, y, text)`` beside its point so that no label covers another label or a point:
+    the first free spot of eight around the point, then farther out with a leader line; a label
+    with no free spot keeps the nearest one. The figure's layout must be final (the check is in
+    pixels). Returns the annotations."""
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    taken = []
+    for x, y in points:  # a marker's box, a few pixels either side of its centre
+        px, py = ax.transData.transform((x, y))
+        taken.append((px - 4, py - 4, px + 4, py + 4))
+
+    def free(box) -> bool:
+        inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        return inside and not any(box.x0 < b[2] and b[0] < box.x1 and box.y0 < b[3] and b[1] < box.y1 for b in taken)
+
+    directions = [(1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1)]
+    placed = []
+    for x, y, text in labels:
+        chosen = None
+        for radius in (3, 10, 18, 28):
+            for dx, dy in directions:
+                note = ax.annotate(
+                    text, (x, y), xytext=(dx * radius, dy * radius), textcoords="offset points", fontsize=7,
+                    ha={1: "left", 0: "center", -1: "right"}[dx], va={1: "bottom", 0: "center", -1: "top"}[dy],
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey"} if radius > 3 else None)
+                box = note.get_window_extent(renderer)
+                if free(box):
+                    chosen = (note, box)
+                    break
+                note.remove()
+            if chosen:
+                break
+        if chosen is None:  # crowded: the first spot, even if it touches a neighbour
+            note = ax.annotate(text, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
+            chosen = (note, note.get_window_extent(renderer))
+        note, box = chosen
+        taken.append((box.x0, box.y0, box.x1, box.y1))
+        placed.append(note)
+    return placed
+
+
+COMPARISON_MARKERS = "osD^vP*Xh<>p"
+
+
+def wer_rtf_figure(results: dict[str, dict[str, dict]], task: str = "cross_sentence",
+                   grids: dict[str, list] | None = None, layout: Layout | None = None):
+    """Quality against speed (the DELTA steps Pareto of DELTA-TTS (OpenReview v2DbAIl7sf) Fig. 2, PALLE's one vs two
+    stages): WER (corpus) over the token-stage RTF of every timed system, None when none is timed.
+    The comparison's systems sit at the table's means with ± one sd over seeds, each with its own
+    marker, named in the legend. Each grid axis whose systems are all timed is one line in its
+    values' order (DELTA steps 4 -> 8 -> 16, ...); its points and every other ablation are numbered,
+    the key beside the legend names them. Legend and key sit beside the axes, off the data."""
+    layout = layout or Layout.plain(list(results))
+    compared, single = speed_points(results, layout, task)
+    points = {**compared, **single}
+    if not points:
+        return None
+    numbered = sorted(single, key=lambda s: (single[s].rtf, s))
+    key = [f"{n:>2} {s}" + (f" ({single[s].passes:.0f} passes)" if single[s].passes else "")
+           for n, s in enumerate(numbered, start=1)]
+    columns = [key[i:i + 30] for i in range(0, len(key), 30)]
+    widths = [3.0, 1.6] + [1.5] * len(columns)
+    fig, axes = plt.subplots(1, len(widths), figsize=(4.2 + 2.6 * (len(widths) - 1), 4.8), dpi=110,
+                             gridspec_kw={"width_ratios": widths})
+    ax, side = axes[0], axes[1:]
+    for panel in side:
+        panel.axis("off")
+    lines = grid_lines(grids or {}, set(points))
+    palette = plt.get_cmap("Dark2")  # its first seven colours (the eighth is the loose points' grey), then dashed
+    for k, (axis, members) in enumerate(lines):
+        ax.plot([points[m].rtf for m in members], [points[m].wer for m in members], "o", ls="-" if k < 7 else "--",
+                lw=1, ms=3, color=palette(k % 7), label=f"grid {axis}", zorder=2)
+    on_lines = {m for _, members in lines for m in members}
+    loose = [s for s in single if s not in on_lines]
+    if loose:
+        ax.plot([single[s].rtf for s in loose], [single[s].wer for s in loose], "o", ms=3, color="dimgray", zorder=2)
+    for k, (system, p) in enumerate(compared.items()):
+        passes = f" ({p.passes:.0f} passes)" if p.passes else ""
+        ax.errorbar(p.rtf, p.wer, yerr=p.sd, fmt=COMPARISON_MARKERS[k % len(COMPARISON_MARKERS)],
+                    ms=6, mec="black", mew=0.6, color=plt.get_cmap("tab10")(k % 10), ecolor="black", elinewidth=0.8,
+                    capsize=2, label=f"{system}{passes}", zorder=3)
+    rtfs = [p.rtf for p in points.values()]
+    ax.set_xscale("log")
+    readable_log_ticks(ax, min(rtfs) / 1.3, max(rtfs) * 1.3)
     ax.set_xlabel("RTF of the token stage (log scale)")
     ax.set_ylabel(f"WER corpus (%), {TASK_TITLES[task]}")
-    ax.legend(fontsize=7)
-    key.axis("off")
-    columns = [names[i:i + 24] for i in range(0, len(names), 24)]
+    ax.grid(lw=0.4, alpha=0.5)
+    handles, labels = ax.get_legend_handles_labels()
+    first = sorted(range(len(labels)), key=lambda i: labels[i].startswith("grid "))  # the systems, then the grids
+    side[0].legend([handles[i] for i in first], [labels[i] for i in first], loc="upper left", fontsize=7,
+                   frameon=False, borderaxespad=0,
+                   title="mean ± sd over synthesis seeds" if any(p.sd for p in compared.values()) else None,
+                   title_fontsize=7)
     for c, column in enumerate(columns):
-        key.text(c / max(1, len(columns)), 1.0, "\n".join(column), fontsize=6, family="monospace", va="top")
+        header = "numbered: one seed each\n" if c == 0 else "\n"
+        side[1 + c].text(0, 1, header + "\n".join(column), fontsize=6.5, family="monospace", va="top",
+                         transform=side[1 + c].transAxes)
     fig.tight_layout()
+    # numbers of points that fall on one spot share a label ("4,5")
+    clusters: list[list[str]] = []
+    for system in numbered:
+        px = ax.transData.transform((single[system].rtf, single[system].wer))
+        for cluster in clusters:
+            qx = ax.transData.transform((single[cluster[0]].rtf, single[cluster[0]].wer))
+            if abs(px[0] - qx[0]) < 5 and abs(px[1] - qx[1]) < 5:
+                cluster.append(system)
+                break
+        else:
+            clusters.append([system])
+    number = {s: n for n, s in enumerate(numbered, start=1)}
+    place_labels(ax, [(single[c[0]].rtf, single[c[0]].wer, ",".join(str(number[s]) for s in c)) for c in clusters],
+                 [(p.rtf, p.wer) for p in points.values()])
+    return fig
+
+
+def plot_wer_vs_rtf(results: dict[str, dict[str, dict]], path: Path, task: str = "cross_sentence",
+                    grids: dict[str, list] | None = None, layout: Layout | None = None) -> bool:
+    """:func:`wer_rtf_figure`, written to ``path``; False when no system is timed."""
+    fig = wer_rtf_figure(results, task, grids, layout)
+    if fig is None:
+        return False
     _save(fig, path)
     return True
 
@@ -809,6 +993,47 @@ def run_parameters(train_dir: Path | None) -> dict[str, float]:
     return {path.stem: json.loads(path.read_text(encoding="utf-8"))["parameters"] for path in train_dir.glob("*.json")}
 
 
+def comparison_plots(results: dict[str, dict[str, dict]], layout: Layout, plots_dir: Path) -> list[str]:
+    """The plots drawn from the evaluation results alone (all but the audit's): the systems' bars,
+    WER against RTF, one curve per grid axis. Returns the names of the files written."""
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    plot_systems(results, layout, plots_dir / "systems.png")
+    drawn = ["systems.png"]
+    if plot_wer_vs_rtf(results, plots_dir / "wer_vs_rtf.png", grids=layout.grids, layout=layout):
+        drawn.append("wer_vs_rtf.png")
+    for axis in layout.grids:
+        if plot_grid(results, axis, layout.grids[axis], plots_dir / f"grid_{axis}.png"):
+            drawn.append(f"grid_{axis}.png")
+    return drawn
+
+
+def results_from_metrics(metrics: dict, asr: Sequence[str]) -> dict[str, dict[str, dict]]:
+    """The evaluation results as far as ``metrics.json`` (:func:`metrics_summary`) keeps them, in
+    the shape :func:`load_results` gives: WER per ASR backend (``asr`` in params.yaml's order,
+    the first the headline; the file's keys are sorted), SIM, the speed figures. Enough for
+    :func:`comparison_plots`, so the committed plots can be redrawn from the committed metrics
+    (rounded there to 3 decimals for WER, 4 for SIM and speed: the tables print 2 and 3)."""
+    results: dict[str, dict[str, dict]] = {}
+    for system, tasks in metrics.items():
+        if system == "ground_truth_audit":
+            continue
+        for task, entry in tasks.items():
+            speed = {k: v for k, v in entry.items() if k != "sim" and not k.startswith("wer_")}
+            results.setdefault(system, {})[task] = {
+                "asr": {name: {"wer_corpus": entry[f"wer_{name}_corpus"],
+                               "wer_utterance_mean": entry[f"wer_{name}_utterance_mean"]}
+                        for name in asr if f"wer_{name}_corpus" in entry},
+                "sim": {"mean": entry.get("sim")}, "speed": speed or None, "missing": []}
+    return results
+
+
+def plots_from_metrics(metrics_path: Path, layout: dict, asr: Sequence[str], plots_dir: Path) -> list[str]:
+    """Redraw :func:`comparison_plots` from a committed ``metrics.json`` and the DAG's layout (the
+    JSON `report_layout` in workflow/rules/runs.smk passes to ``arnar report --layout``)."""
+    metrics = json.loads(Path(metrics_path).read_text(encoding="utf-8"))
+    return comparison_plots(results_from_metrics(metrics, asr), Layout(**layout), plots_dir)
+
+
 def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, systems_dir: Path,
                  systems: Sequence[str], out_dir: Path, samples: int, profile: str,
                  train_dir: Path | None = None, layout: dict | None = None) -> None:
@@ -829,19 +1054,11 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
                  json.dumps(metrics_summary(results, audit), indent=2, sort_keys=True) + "\n")
 
     plots_dir = out_dir / "plots"
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    # the comparison's rows (first seed of each paradigm) in the overview plots and the audio samples
-    shown = layout.references + list(layout.comparison)
-    plot_systems({s: results[s] for s in shown}, plots_dir / "systems.png")
     plot_audit(audit, plots_dir / "ground_truth_wer_per_voice.png", plots_dir / "sim_pairs.png")
-    plots = [f"plots/{p}" for p in ("systems.png", "ground_truth_wer_per_voice.png", "sim_pairs.png")]
-    replicas = {r for reps in layout.comparison.values() for r in reps[1:]}
-    if plot_wer_vs_rtf({s: r for s, r in results.items() if s not in replicas}, plots_dir / "wer_vs_rtf.png",
-                       grids=layout.grids):
-        plots.append("plots/wer_vs_rtf.png")
-    for axis in layout.grids:
-        if plot_grid(results, axis, layout.grids[axis], plots_dir / f"grid_{axis}.png"):
-            plots.append(f"plots/grid_{axis}.png")
+    drawn = comparison_plots(results, layout, plots_dir)
+    plots = [f"plots/{name}" for name in drawn[:1] + ["ground_truth_wer_per_voice.png", "sim_pairs.png"] + drawn[1:]]
+    # the comparison's rows (first seed of each paradigm) in the audio samples
+    shown = layout.references + list(layout.comparison)
 
     # Copy the sampled audio beside the page so the folder is self-contained (and DVC-trackable).
     audio_dir = out_dir / "audio"

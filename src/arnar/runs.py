@@ -25,7 +25,7 @@ from arnar.config import TRAIN_CONF_DIR
 BASE_RUNS: dict[str, dict[str, Any]] = {
     "ar": {"config": "ar"},
     "nar": {"config": "nar"},
-    # SyncSpeech (syncspeech.txt 2.3): high-probability masked pre-training, then fine-tuning
+    # SyncSpeech (arXiv:2502.11094, Sec. 2.1): high-probability masked pre-training, then fine-tuning
     "syncspeech_pretrain": {"config": "syncspeech_pretrain"},
     "syncspeech": {"config": "syncspeech", "init_from": "syncspeech_pretrain"},
     # its Table 2 ablations: fine-tuning objective only (no pre-training); causal instead of hybrid mask
@@ -33,21 +33,21 @@ BASE_RUNS: dict[str, dict[str, Any]] = {
     "syncspeech_causal_pretrain": {"config": "syncspeech_pretrain", "overrides": ["paradigm.options.attention=causal"]},
     "syncspeech_causal": {"config": "syncspeech", "init_from": "syncspeech_causal_pretrain",
                           "overrides": ["paradigm.options.attention=causal"]},
-    # PALLE (palle.txt 4.2): stage two is fine-tuned from stage one at ~1/9 of its learning rate
+    # PALLE (arXiv:2504.10352, Sec. 5.1): stage two is fine-tuned from stage one at ~1/9 of its learning rate
     "palle_stage1": {"config": "palle_stage1"},
     "palle": {"config": "palle_stage2", "init_from": "palle_stage1", "lr_scale": 1 / 9},
-    # DELTA-TTS converts the trained AR baseline (delta_tts.txt 3; DELTA_SOURCE): "delta" and
+    # DELTA-TTS converts the trained AR baseline (DELTA-TTS, OpenReview v2DbAIl7sf, Sec. 3; DELTA_SOURCE): "delta" and
     # "ar_lora" are added by run_registry, which knows the profile's model sizes
     # Chain-of-Details models the first quantizer of the acoustic stack, temporal levels by decimation
     "cod": {"config": "cod", "stack": True, "features": True, "sized_as": "cod",
             "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
-    # the grid cod_levels: CoD with 2 and 1 temporal levels (chain_of_details.txt Table IV)
+    # the grid cod_levels: CoD with 2 and 1 temporal levels (Chain-of-Details, arXiv:2604.19330, Table IV)
     "cod_l2": {"config": "cod_l2", "stack": True, "features": True, "sized_as": "cod",
                "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
     "cod_l1": {"config": "cod_l1", "stack": True, "features": True, "sized_as": "cod",
                "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
 }
-# chain_of_details.txt Table V: CoD whose coarse levels are tokens of another kind
+# Chain-of-Details (arXiv:2604.19330) Table V: CoD whose coarse levels are tokens of another kind
 # (arnar.codec.coarse; `features` names the kind, built by the coarse_tokens rule): run -> (kind, config)
 COARSE_KINDS = {"cod_ind": ("independent", "cod"), "cod_shared": ("shared", "cod"), "cod_units": ("units", "cod_l2")}
 COARSE_LEVELS = {kind: 2 if config == "cod_l2" else 3 for kind, config in COARSE_KINDS.values()}
@@ -60,6 +60,17 @@ SYSTEMS_OF = {
     "delta": {"delta": ("delta", {})},  # its steps Pareto (Fig. 2) is the grid delta_steps
     "cod": {"cod": ("cod", {}), "cod_paper": ("cod_paper", {})},  # ours (speech-prompt prefix), the paper's
 }
+
+
+def systems_of(paradigm: str) -> dict[str, tuple[str, dict]]:
+    """The evaluated systems of a paradigm named in training.paradigms: its :data:`SYSTEMS_OF`
+    entry, or, for a paradigm that table does not list, one system of its name decoded with its
+    defaults from one run of its name (its Hydra config src/arnar/conf/paradigm/<paradigm>.yaml;
+    :func:`run_registry` adds the run). A single-run paradigm needs no entry here
+    (docs/extending.md)."""
+    return SYSTEMS_OF.get(paradigm, {paradigm: (paradigm, {})})
+
+
 DELTA_VARIANTS = ("delta_noconv", "delta_lora_budget", "delta_noprompt", "delta_unfrozen")
 
 
@@ -79,7 +90,7 @@ def ablations(delta_source: str = "ar") -> dict[str, tuple[str, dict[str, tuple[
     return {
         "syncspeech_table2": ("syncspeech", {"syncspeech_nopretrain": ("syncspeech_nopretrain", {}),
                                              "syncspeech_causal": ("syncspeech_causal", {})}),
-        # delta_tts.txt Table 5: each component of the conversion taken out (the uniform schedule is
+        # DELTA-TTS (OpenReview v2DbAIl7sf) Table 5: each component of the conversion taken out (the uniform schedule is
         # the grid delta_mu: [1.0]), the fully unfrozen backbone, and the causal-LoRA baseline (the
         # AR model adapted without the conversion); with an AR source of its own (paper scale), that
         # AR model before adaptation too (elsewhere it is the comparison's `ar` row)
@@ -88,7 +99,7 @@ def ablations(delta_source: str = "ar") -> dict[str, tuple[str, dict[str, tuple[
                                    "delta_noprompt": ("delta_noprompt", {}), "delta_unfrozen": ("delta_unfrozen", {}),
                                    "ar_lora": ("ar_lora", {}),
                                    **({delta_source: (delta_source, {})} if delta_source != "ar" else {})}),
-        # chain_of_details.txt Table V: coarse token types (the offline codec's; needs token_set offline)
+        # Chain-of-Details (arXiv:2604.19330) Table V: coarse token types (the offline codec's; needs token_set offline)
         "cod_table5": ("cod", {run: (run, {}) for run in COARSE_KINDS}),
     }
 
@@ -151,7 +162,7 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     """The registry of a resolved profile (:func:`arnar.config.resolve_profile`): its runs, their
     chains and the evaluated systems of training.paradigms, training.ablations and training.grids."""
     train = params["training"]
-    # DELTA-TTS converts a trained AR model of its own size (delta_tts.txt 3): the comparison's `ar`
+    # DELTA-TTS converts a trained AR model of its own size (DELTA-TTS, OpenReview v2DbAIl7sf, Sec. 3): the comparison's `ar`
     # run where the sizes agree, else an AR run of DELTA's size, `delta_ar` (paper scale)
     delta_source = "ar" if sized_model(train, "delta") == sized_model(train) else "delta_ar"
     delta_run = {"config": "delta", "sized_as": "delta", "reads": [delta_source],
@@ -160,14 +171,14 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     for name, spec in BASE_RUNS.items():
         if name == "cod":
             runs["delta"] = delta_run
-            # delta_tts.txt Table 5's causal-LoRA baseline: the same AR model with DELTA's LoRA adapters,
+            # DELTA-TTS (OpenReview v2DbAIl7sf) Table 5's causal-LoRA baseline: the same AR model with DELTA's LoRA adapters,
             # fine-tuned with the AR objective (causal, next token) on the same data for the same updates
             # (run_base: delta's per-profile overrides) and decoded autoregressively, so that
             # delta - ar_lora is the conversion's effect without the extra training (delta.py `causal`)
             runs["ar_lora"] = {**delta_run,
                                "overrides": ["paradigm.options.causal=true", "paradigm.options.conv=false"]}
         runs[name] = spec
-    # The paper's CoD: voice from the adaLN speaker embedding only (chain_of_details.txt IV-A, Fig. 2),
+    # The paper's CoD: voice from the adaLN speaker embedding only (Chain-of-Details, arXiv:2604.19330, Sec. IV-A, Fig. 2),
     # where `cod` (this project's variant) also keeps the prompt's tokens as an unmasked prefix. The
     # same run as `cod` otherwise, with cod's per-profile overrides (run_base: the same updates). It
     # is a row of the comparison (SYSTEMS_OF) rather than an ablation set: it is the paper's model,
@@ -181,6 +192,10 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
         runs[run] = {"config": config, "stack": True, "features": kind, "sized_as": "cod",
                      "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json",
                                  "coarse_tokenizer": f"{{data}}/codec/coarse_{kind}"}}
+    # a paradigm SYSTEMS_OF does not list: one run of its name, from its Hydra config (systems_of)
+    for paradigm in train["paradigms"]:
+        if paradigm not in SYSTEMS_OF and paradigm not in runs:
+            runs[paradigm] = {"config": paradigm}
     # training.start_from_ar: runs that start from the trained `ar` run's weights (those tensors
     # both models have, train.init_matching) instead of a fresh initialisation: not in the papers
     # (each trains from scratch), a lever for small corpora; their budget is ar's plus their own
@@ -211,7 +226,7 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     # The comparison: every paradigm's systems, each synthesized with evaluation.synthesis_seeds
     # seeds (system, system_seed2, ...), so the report can show the spread over seeds
     n_seeds = params["evaluation"]["synthesis_seeds"]
-    paradigm_systems = {s: run for p in train["paradigms"] for s, run in SYSTEMS_OF[p].items()}
+    paradigm_systems = {s: run for p in train["paradigms"] for s, run in systems_of(p).items()}
     if not train["cod_paper"]:  # a profile short of time keeps the project's CoD row (`cod`) only
         paradigm_systems.pop("cod_paper", None)
     seeds_of = {s: [s] + [f"{s}_seed{k}" for k in range(2, n_seeds + 1)

@@ -49,7 +49,7 @@ message names the input and the problem (``arnar synthesize`` / ``arnar stream``
   ``silence_dbfs`` (:data:`SILENCE_DBFS`, the ingest's ``validation.silence_dbfs``), since a
   silent prompt has no voice to copy. A prompt file must exist and is checked for its length
   (``soundfile.info``) before it is read; an unreadable one is refused with its path;
-* the speech to generate: the speaking rate of the prompt (palle.txt Eq. 11: prompt frames x
+* the speech to generate: the speaking rate of the prompt (PALLE, arXiv:2504.10352, Eq. 11: prompt frames x
   text tokens / prompt-text tokens, the length the NAR family generates) must not ask for more
   than :data:`MAX_SPEECH_SECONDS`; that only happens when the transcript is far shorter than
   its audio, i.e. the wrong transcript.
@@ -84,7 +84,7 @@ from arnar.text import analyze_words
 log = logging.getLogger("arnar.synthesize")
 # codecs whose tokens are a residual stack: single-stream paradigms (CoD) model its first quantizer
 MULTI_CODEBOOK = {"offline_rvq", "dac"}
-FIRST_PACKET_TOKENS = 15  # the decoder's chunk size at paper scale (syncspeech.txt 3.1), unless a paradigm says
+FIRST_PACKET_TOKENS = 15  # the decoder's chunk size at paper scale (SyncSpeech, arXiv:2502.11094, Sec. 3.1), unless a paradigm says
 
 # Limits of one synthesis call (module docstring). The training utterances are at most ~35 s,
 # about 150 BPE tokens; 512 tokens is ~2 min of speech, far past where the models are trained
@@ -470,7 +470,7 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
     each record); 1, the default, times every item alone, as the papers' RTF and FPL are.
 
     ``ground_truth_duration``: generate as many frames as the recording lasts (for continuation,
-    the part after the prompt), the "GT duration" setting of palle.txt Table 1 and the base of its
+    the part after the prompt), the "GT duration" setting of PALLE (arXiv:2504.10352) Table 1 and the base of its
     Fig. 5 multipliers; otherwise each paradigm decides the length. ``prompt_alignments``: the
     aligner's JSONL of the split the prompts come from (:func:`read_prompt_alignments`); each
     item's prompt words are its clip's (:func:`prompt_clip_words`), for the prompt's a_n (module

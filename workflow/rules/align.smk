@@ -16,7 +16,8 @@ TRAIN_ALIGNER = ALIGN["train_aligner"] or ALIGN["aligner"]
 # durations come from elsewhere and `codec_labels_per_speaker` is set, on the first N utterances of
 # each training speaker only. A capped number of encoder steps does not make a subset enough: on
 # speak, 60 of 300 per speaker gave units AR predicts worse (dev loss 2.25 against 1.88) and reads
-# worse (WER 41.9 against 23.8 %) than labels on all (docs/speak_recipe.md).
+# worse (WER 41.9 against 23.8 %) than labels on all
+# (docs/lab-notes/2026-12-01-to-06-speak-recipe.md).
 CODEC_LABELS_PER_SPEAKER = ALIGN["codec_labels_per_speaker"] if TRAIN_ALIGNER != ALIGN["aligner"] else None
 CODEC_LABELS = (f"{DATA}/align/{ALIGN['aligner']}/codec_labels.jsonl" if CODEC_LABELS_PER_SPEAKER
                 else f"{DATA}/align/{ALIGN['aligner']}/train.jsonl")

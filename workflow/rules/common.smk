@@ -15,12 +15,12 @@ def frozen_path(profile, task):
 
 
 def frozen_testlists(wildcards):
-    """Input of `testlists`: the profile's committed test lists. A synth profile without them is
-    asked to freeze them (its test split is whatever the profile makes); a downloaded corpus
+    """Input of `testlists`: the profile's committed test lists. A synth or folder profile without
+    them is asked to freeze them (its test split is whatever the profile makes); a downloaded corpus
     tests on a published set, so `freeze_testlists` makes them on its first build."""
     lists = [frozen_path(PROFILE, task) for task in TASKS]
     missing = [path for path in lists if not os.path.exists(path)]
-    if missing and P["corpus"]["name"] == "synth":
+    if missing and P["corpus"]["name"] in ("synth", "folder"):
         raise WorkflowError(
             f"{missing[0]}: profile {PROFILE!r} has no frozen test lists, which the evaluation needs. "
             f"Freeze them from its corpus with `snakemake --cores 1 freeze_testlists --config "

@@ -27,6 +27,36 @@ if CORPUS["name"] == "synth":
             " --utterances-per-speaker {params.utterances} --test-speakers {params.test_speakers}"
             " --sample-rate {params.sample_rate} --seed {params.seed} --workers {threads} 2> {log}"
 
+elif CORPUS["name"] == "folder":
+    # Your own recordings (docs/own-corpus.md; src/arnar/corpus/recipes/folder.py).
+    from arnar.corpus.recipes.folder import folder_fingerprint
+
+    if not os.path.isdir(CORPUS["path"]) and not os.path.isdir(f"{DATA}/corpus"):
+        raise WorkflowError(f"params.yaml: corpus.path: {CORPUS['path']!r}: no such folder")
+
+    rule folder_corpus:
+        """Lay out the folder of your recordings as the corpus folder: speakers from sub-folders,
+        transcripts from .txt files or metadata.csv, audio resampled to corpus.sample_rate;
+        broken or unpaired items go through for ingest to quarantine."""
+        output:
+            corpus=directory(f"{DATA}/corpus"),
+        params:
+            path=CORPUS["path"],
+            # the folder's file names, sizes and times: a changed folder rebuilds the corpus
+            fingerprint=folder_fingerprint(CORPUS["path"]),
+            test_speakers=CORPUS["test_speakers"],
+            sample_rate=CORPUS["sample_rate"],
+            seed=P["seed"],
+        threads: P["workers"]
+        log:
+            f"{LOGS}/folder_corpus.log",
+        conda:
+            CORE_ENV
+        shell:
+            "arnar corpus prepare --corpus folder --path {params.path:q} --out {output.corpus}"
+            " --sample-rate {params.sample_rate} --test-speakers {params.test_speakers}"
+            " --seed {params.seed} --workers {threads} 2> {log}"
+
 else:
     # Downloaded corpora (src/arnar/corpus/recipes): every archive the corpus needs is downloaded,
     # verified and extracted once into corpus.download_dir (shared by the profiles; a dry run

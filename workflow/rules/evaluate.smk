@@ -1,4 +1,4 @@
-# Evaluation phase: the frozen protocol (src/arnar/evaluate, DESIGN.md section 7).
+# Evaluation phase: the frozen protocol (src/arnar/evaluate, docs/design.md section 7).
 #
 # A system is a folder data/<profile>/systems/<system>/<task>/ of <item_id>.wav (+ timing.jsonl);
 # any paradigm plugs in by producing that folder and adding its name to SYSTEMS.

@@ -41,3 +41,36 @@ rule report:
         " --prompts {params.prompts} --systems-dir {params.systems_dir} --systems {params.systems}"
         " --samples {params.samples} --profile {params.profile} --out-dir {params.out_dir}"
         " --layout '{params.layout}' {params.train_dir} 2> {log}"
+
+
+# What a reader hears (arnar.samples): a few cross-sentence items spoken by every row of the
+# comparison table (its first synthesis seed), as MP3 small enough for git. The default profile
+# (the `profile` key of params.yaml itself) writes the repository's docs/samples, the build that is
+# committed; a profile picked with --config writes results/<profile>/report/samples instead, so a
+# smoke or mini run never overwrites the committed samples.
+SAMPLE_TASK = "cross_sentence"
+with open(workflow.basedir + "/params.yaml") as _params_file:
+    SAMPLES_DIR = "docs/samples" if yaml.safe_load(_params_file)["profile"] == PROFILE else f"{RESULTS}/report/samples"
+SAMPLE_ROWS = SYSTEMS[: len(SYSTEMS) - len(PARADIGMS)] + list(SEEDS_OF)  # references, then the paradigms
+
+
+rule samples:
+    """docs/samples (results/<profile>/report/samples off the default): three items as MP3 (prompt, ground truth, resynthesis rows, every paradigm), README.md and index.html."""
+    input:
+        testlist=f"{DATA}/eval/testlists/{SAMPLE_TASK}.tsv",
+        prompts=f"{DATA}/eval/prompts/{SAMPLE_TASK}",
+        systems=expand("{data}/systems/{system}/{task}", data=DATA, system=SAMPLE_ROWS, task=SAMPLE_TASK),
+    output:
+        directory(SAMPLES_DIR),
+    params:
+        systems_dir=lambda wildcards, input: os.path.dirname(os.path.dirname(input.systems[0])),
+        systems=" ".join(SAMPLE_ROWS),
+        task=SAMPLE_TASK,
+        profile=PROFILE,
+    log:
+        f"{LOGS}/samples.log",
+    conda:
+        CORE_ENV
+    shell:
+        "arnar samples --testlist {input.testlist} --prompts {input.prompts} --systems-dir {params.systems_dir}"
+        " --systems {params.systems} --task {params.task} --profile {params.profile} --out {output} 2> {log}"

@@ -69,8 +69,8 @@ pocketsphinx defaults (bestpath on)        10.7       16.5          11.5 / 16.2 
 * ``bestpath=False`` (the important one): with pocketsphinx's default lattice best-path
   rescoring, the first pass can hand the phone-alignment pass a zero-length ``<s>`` word
   ("phone 0 has impossible duration", then "Failed to stop utterance processing"): every
-  failure of the stock settings was this, none was a search failure. (DESIGN.md's 72/200
-  failures on an espeak-ng corpus are probably the same bug.)
+  failure of the stock settings was this, none was a search failure. (docs/design.md section 8 records 72/200
+  failures on an espeak-ng corpus: probably the same bug.)
 * ``silprob=0.1``: more willing to insert a pause between words; fewer large errors where the
   synthesizer pauses (mean -1 ms on all splits), median unchanged.
 * ``noise_floor``: synthetic speech has near-digital silence (-70 dBFS and below) that the

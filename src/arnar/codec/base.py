@@ -1,7 +1,7 @@
 """The speech-codec interface every tokenizer of the pipeline implements, and how to load one.
 
 A *codec* turns mono audio into integer tokens ``[n_codebooks, T]`` at ``frame_rate`` frames per
-second and, when it has a decoder, back into audio (DESIGN.md section 5). Backends
+second and, when it has a decoder, back into audio (docs/design.md section 5). Backends
 (``load_codec(name, **options)``):
 
 ``s3``       S3Tokenizer v2 (CosyVoice 2): 16 kHz in, 25 Hz, one codebook of 6561 codes; no

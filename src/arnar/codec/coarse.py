@@ -1,7 +1,7 @@
 """Coarse temporal tokens of other kinds, for Chain-of-Details' Table V (coarse token types).
 
 CoD's own coarse levels are the first quantizer's codes decimated in time
-(:mod:`arnar.codec.hierarchy`). Table V of chain_of_details.txt asks what happens with other coarse
+(:mod:`arnar.codec.hierarchy`). Table V of Chain-of-Details (arXiv:2604.19330) asks what happens with other coarse
 tokens; each kind here is the nearest thing the offline codec can make (the finest level is always
 the first RVQ quantizer at 50 Hz, the codes that get decoded):
 
@@ -248,7 +248,7 @@ def build_coarse_tokens(kind: str, n_levels: int, codec_model: str | Path, split
 
 def build_parser(prog: str = "arnar coarse-tokens") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Coarse temporal tokens of other kinds for the "
-                                     "Chain-of-Details coarse token ablation (chain_of_details.txt Table V): "
+                                     "Chain-of-Details coarse token ablation (arXiv:2604.19330, Table V): "
                                      "fit a coarse tokenizer on the first split, add coarse levels to the CoD "
                                      "features of every split.")
     parser.add_argument("--kind", required=True, choices=KINDS)

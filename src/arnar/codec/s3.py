@@ -29,7 +29,7 @@ inputs, attention bias, FSMN memory), so a clip's tokens do not depend on its ba
 ``ceil(ceil(n_mel / 2) / 2)`` with ``n_mel = n_samples // 160``, i.e. 25 per second.
 
 There is no decoder: CosyVoice 2's flow-matching token-to-mel model and HiFi-GAN vocoder are not
-a package here (DESIGN.md section 6), so ``can_decode`` is False and ``decode`` raises
+a package here (docs/design.md section 6), so ``can_decode`` is False and ``decode`` raises
 :class:`CodecError`; the pipeline decodes S3-style tokens with a separate detokenizer stage.
 
 Options: ``model``, ``device`` (default ``"cpu"``), ``batch_size`` (clips per forward pass,
@@ -237,7 +237,7 @@ class S3Codec:
         raise CodecError(
             "S3 tokens cannot be decoded by the s3 codec: its package has no decoder (CosyVoice 2's "
             "flow-matching token-to-speech model is not a package here); use the pipeline's "
-            "detokenizer stage (DESIGN.md section 6)"
+            "detokenizer stage (docs/design.md section 6)"
         )
 
 

@@ -15,7 +15,7 @@ Output layout (a contract other code relies on)::
       build_log.json            wall time, real-time factor, workers (not deterministic)
 
 Speakers. Speaker ``i`` is a deterministic function of ``i``: first the plain voices of
-:data:`BASE_VOICES` (ordered by how well pocketsphinx reads them, DESIGN.md section 8),
+:data:`BASE_VOICES` (ordered by how well pocketsphinx reads them, docs/design.md section 8),
 then pitch/tempo variants (:data:`VARIANTS`, made with ``sox -R``) of the clearest voices
 (:data:`VARIANT_BASES`), variant-major, so any ``1 <= n_speakers <= MAX_SPEAKERS`` works
 and a smaller corpus is a prefix of a larger one. Held-out (``test``) speakers are drawn
@@ -88,7 +88,7 @@ class BaseVoice:
     synthesizer: str  # "flite" | "festival"
 
 
-# Plain voices, clearest first (pocketsphinx WER in DESIGN.md 8: flite rms 7.5%, festival HTS
+# Plain voices, clearest first (pocketsphinx WER in docs/design.md section 8: flite rms 7.5%, festival HTS
 # slt 12.7%, flite awb 15.6%, slt 19.7%, kal16 21.4%, festival ked 24.9%, kal 26.6%).
 BASE_VOICES: tuple[BaseVoice, ...] = (
     BaseVoice("rms", "flite"),

@@ -1,4 +1,4 @@
-"""Checks applied to every corpus item on ingest (DESIGN.md section 4).
+"""Checks applied to every corpus item on ingest (docs/design.md section 4).
 
 An item is one utterance: an audio file and its transcript. ``check_item`` returns the
 measured facts of a good item or the reason it must be quarantined; it never raises for a bad

@@ -1,4 +1,4 @@
-"""Decoding schedule and length rule of DELTA-TTS (delta_tts.txt, Sec. 3.5 and the rule-based
+"""Decoding schedule and length rule of DELTA-TTS (OpenReview v2DbAIl7sf, Sec. 3.5 and the rule-based
 length variant).
 
 * Time-shifted unmasking schedule, Eq. 3: after step ``n`` of ``T`` a fraction

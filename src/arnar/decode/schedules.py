@@ -3,7 +3,7 @@
 * MaskGIT cosine schedule (Chang et al. 2022, used by MaskGCT): the share of tokens still masked
   after a fraction ``u`` of the decoding steps is ``gamma(u) = cos(pi/2 * u)``; training draws
   ``u ~ U(0, 1)`` and masks ``ceil(gamma(u) * T)`` tokens.
-* Total-length estimate when the length is not given (palle.txt Eq. 11):
+* Total-length estimate when the length is not given (PALLE, arXiv:2504.10352, Eq. 11):
   ``T_gen = T_ref * (1 + L_gen / L_ref)`` for prompt *plus* target, so the target alone gets
   ``T_ref * L_gen / L_ref`` frames.
 """
@@ -38,7 +38,7 @@ def masks_per_step(n_tokens: int, steps: int) -> list[int]:
 
 
 def total_frames_estimate(prompt_frames: int, prompt_text_len: int, text_len: int) -> int:
-    """Target frames from palle.txt Eq. 11: T_ref * L_gen / L_ref (at least one frame)."""
+    """Target frames from PALLE (arXiv:2504.10352) Eq. 11: T_ref * L_gen / L_ref (at least one frame)."""
     if prompt_text_len <= 0:
         raise ValueError("the prompt transcript is empty: cannot estimate the speaking rate")
     return max(1, round(prompt_frames * text_len / prompt_text_len))

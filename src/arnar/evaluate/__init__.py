@@ -1,1 +1,1 @@
-"""Evaluation as a frozen protocol (DESIGN.md section 7): ASR, speaker similarity, speed."""
+"""Evaluation as a frozen protocol (docs/design.md section 7): ASR, speaker similarity, speed."""

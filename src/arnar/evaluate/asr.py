@@ -1,13 +1,13 @@
 """Speech recognition for the WER metric: five backends behind one interface.
 
-DESIGN.md section 7 freezes the protocol: an ASR backend turns synthesized speech into raw text;
+docs/design.md section 7 freezes the protocol: an ASR backend turns synthesized speech into raw text;
 text normalisation and WER (jiwer) are done elsewhere, so every backend here returns exactly what
 its model emits (pocketsphinx: lower-case words; Whisper: cased, punctuated text; HuBERT CTC:
 upper-case letters).
 
 Backends (``load_asr(name, model=..., device=..., **options)``):
 
-``moonshine`` (offline default, DESIGN.md section 7)
+``moonshine`` (offline default, docs/design.md section 7)
     Moonshine base-en (Useful Sensors / Moonshine AI, MIT), an English encoder-decoder ASR whose
     ONNX Runtime models (``encoder_model.ort``, ``decoder_model_merged.ort``, ``tokenizer.bin``,
     63 MB) ship inside the ``moonshine-cpp`` wheel: no network, greedy decoding, deterministic.
@@ -41,7 +41,7 @@ Backends (``load_asr(name, model=..., device=..., **options)``):
     ``loglevel`` and any other ``pocketsphinx.Decoder`` parameter. Measured here: decoder load
     0.2-0.3 s, RTF 0.10-0.13 (136 s of flite speech in 17.5 s, one thread), corpus WER 11.9% on
     40 flite ``rms`` sentences. Digital silence decodes to filler words such as "ah".
-    Not a paper-scale recogniser (7.5-27% WER on clean synthetic speech, DESIGN.md section 8):
+    Not a paper-scale recogniser (7.5-27% WER on clean synthetic speech, docs/design.md section 8):
     use it to compare systems within this pipeline, not against published numbers.
 ``whisper`` (paper scale, Seed-TTS eval protocol)
     openai-whisper, default ``large-v3``; English, ``task="transcribe"``, temperature 0 with no

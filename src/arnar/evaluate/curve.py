@@ -1,7 +1,7 @@
 """Learning curves: what a run says at each of its kept checkpoints, judged like any system.
 
-Dev loss going down is not speech coming out (docs/speak_recipe.md: AR's best
-speech came from its worst dev loss). A learning curve therefore reads a run's *speech* against
+Dev loss going down is not speech coming out (docs/lab-notes/2026-12-01-to-06-speak-recipe.md:
+AR's best speech came from its worst dev loss). A learning curve therefore reads a run's *speech* against
 its updates: every kept ``checkpoints/step_<N>.pt`` (the recipe's ``ckpt_every`` and
 ``keep_checkpoints``; ``speak`` keeps one every 500) and ``final.pt`` speak one frozen test list
 with one synthesis seed, and each is scored by the evaluation's own :func:`evaluate_system`

@@ -1,4 +1,4 @@
-"""Metric math of the evaluation protocol (DESIGN.md section 7), frozen in code.
+"""Metric math of the evaluation protocol (docs/design.md section 7), frozen in code.
 
 Text normalisation for WER (applied to reference and hypothesis alike):
   1. Unicode NFKC, lower-case;

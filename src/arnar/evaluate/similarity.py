@@ -1,4 +1,4 @@
-"""Speaker similarity (SIM) backends: speaker embeddings and their cosine (DESIGN.md section 7).
+"""Speaker similarity (SIM) backends: speaker embeddings and their cosine (docs/design.md section 7).
 
 SIM of a synthesized utterance is the cosine between the speaker embedding of the generated audio
 and that of the reference (prompt or original) audio, in [-1, 1]. Two backends:

@@ -1,6 +1,6 @@
 """Zero-shot test lists: built once from the held-out speakers, then frozen in the repository.
 
-Two tasks (VALL-E / PALLE convention, DESIGN.md section 7):
+Two tasks (VALL-E / PALLE convention, docs/design.md section 7):
   - ``continuation``: the first ``prompt_seconds`` (3 s) of the target are the prompt; the
     system continues it. The whole utterance is evaluated (PALLE 5.2). ``prompt_text`` holds the
     words that end inside the prompt, from the corpus's word alignment when it has one.

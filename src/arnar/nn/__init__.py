@@ -1,4 +1,4 @@
-"""The shared backbone every paradigm uses (DESIGN.md section 2).
+"""The shared backbone every paradigm uses (docs/design.md section 2).
 
 :class:`Transformer` is a Llama/Qwen2-style stack over embeddings with explicit RoPE position ids,
 arbitrary boolean attention masks, a crop-able :class:`KVCache` and optional adaLN conditioning;

@@ -1,7 +1,7 @@
 """Paper-scale path: load a HuggingFace Qwen2 backbone (the CosyVoice 2 LM) into :class:`Transformer`.
 
 CosyVoice 2's text-speech LM is a ``transformers`` ``Qwen2ForCausalLM`` (Qwen2.5-0.5B) driven with
-``inputs_embeds``; DELTA-TTS converts such an AR LM (DESIGN.md section 6). Our backbone has the
+``inputs_embeds``; DELTA-TTS converts such an AR LM (docs/design.md section 6). Our backbone has the
 same architecture (transformers 5.x ``modeling_qwen2.py``): pre-norm RMSNorm computed in float32
 (``input_layernorm`` before attention, ``post_attention_layernorm`` before the MLP, final
 ``norm``), rotate-half RoPE with ``inv_freq = 1 / theta^(2i/head_dim)``, q/k/v with biases and

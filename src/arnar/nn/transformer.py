@@ -1,7 +1,7 @@
 """The one backbone every paradigm shares: a Llama/Qwen2-style transformer over embeddings.
 
 What goes in and out is ``[B, S, dim]`` hidden states; token embeddings and output heads belong to
-the paradigms (DESIGN.md section 2), because each paradigm lays out its sequence differently (text
+the paradigms (docs/design.md section 2), because each paradigm lays out its sequence differently (text
 then speech for AR, interleaved text/speech for SyncSpeech, several temporal levels for
 Chain-of-Details, ...). What the paradigms need from the backbone, and why it is written here
 rather than borrowed from ``transformers``:

@@ -5,12 +5,14 @@ imports ``arnar.paradigms.<name>`` on first use, so a new paradigm needs no edit
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Any
 
 from arnar.paradigms.base import Paradigm, Vocab
 
 PARADIGMS: dict[str, type[Paradigm]] = {}
-KNOWN = ("ar", "nar", "syncspeech", "palle", "cod", "delta")
+# the paradigm modules of this package (the error message's list of names; none is imported here)
+KNOWN = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"))
 
 
 def register_paradigm(cls: type[Paradigm]) -> type[Paradigm]:

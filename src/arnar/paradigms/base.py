@@ -237,7 +237,7 @@ def padded_attention(keys: torch.Tensor) -> torch.Tensor:
 class SynthesisRequest:
     """What a paradigm's decoding loop gets: the target text, the prompt (transcript + speech
     codes of the first codebook) and, optionally, the number of frames to generate (NAR paradigms
-    that are given the ground-truth length; otherwise they estimate it, palle.txt Eq. 11)."""
+    that are given the ground-truth length; otherwise they estimate it, PALLE (arXiv:2504.10352) Eq. 11)."""
 
     text: torch.Tensor  # BPE ids [L] of the text to speak
     prompt_text: torch.Tensor  # BPE ids of the prompt's transcript

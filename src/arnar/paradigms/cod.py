@@ -1,4 +1,4 @@
-"""Chain-of-Details (CoD): temporal coarse-to-fine masked generation (chain_of_details.txt III-IV).
+"""Chain-of-Details (CoD): temporal coarse-to-fine masked generation (Chain-of-Details, arXiv:2604.19330, Secs. III-IV).
 
 Speech is generated in ``L`` temporal levels (option ``levels``; L = 3 in the paper, 1 and 2 are the
 Table IV ablation), coarse to fine. Level ``l`` is the first quantizer's token sequence decimated by
@@ -10,7 +10,7 @@ masked token modelling (Eq. 1): level 1 from the transcript C, level ``l > 1`` f
 
 What is generated, and the rest of the codec stack. The finest level *is* the first quantizer's
 full-rate sequence, so ``Generation.speech`` is the first-quantizer codes ``[T]``. The other seven
-codebooks of ``offline_rvq`` are not generated (DESIGN.md section 6): the codec decoder decodes from
+codebooks of ``offline_rvq`` are not generated (docs/design.md section 6): the codec decoder decodes from
 the first quantizer alone, since the residual stack is trained so that any prefix of it decodes
 (``load_codec("offline_rvq", model=..., n_codebooks=1)``). The paper predicts only the first DAC
 quantizer too and does not say how the other eight are obtained; an acoustic stage would add cost
@@ -99,7 +99,7 @@ Decoding (Fig. 2, IV-B "Inference details"), level by level:
 
 * target length ``T``: ``request.target_frames`` if given, else the duration predictor on the text's
   phonemes (decoding ``length="predictor"``), or the prompt's frames per phoneme (``"prompt_rate"``,
-  palle.txt Eq. 11 with phoneme counts); level ``l`` then has ``ceil(T / 2 ** (L - l))`` tokens;
+  PALLE (arXiv:2504.10352) Eq. 11 with phoneme counts); level ``l`` then has ``ceil(T / 2 ** (L - l))`` tokens;
 * ``steps`` MaskGIT steps per level (20 in the paper): all non-prompt tokens start masked; each step
   predicts every position, samples the masked ones, and re-masks the least confident so that the
   cosine schedule's count stays masked (confidence = probability of the sampled token, MaskGIT);

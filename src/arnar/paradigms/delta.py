@@ -1,4 +1,4 @@
-"""DELTA-TTS: an AR speech-token LM converted into a masked diffusion LM (delta_tts.txt).
+"""DELTA-TTS: an AR speech-token LM converted into a masked diffusion LM (DELTA-TTS, OpenReview v2DbAIl7sf).
 
 Conversion (Sec. 3.2-3.3). The model is built with the *same* backbone config as the AR run it
 converts; its embedding, backbone and head are the AR weights (option ``ar_run``, or
@@ -389,7 +389,7 @@ class DeltaTTS(AR):
         """``(L, how)``. ``length``: ``given`` = ``request.target_frames`` (the ground truth);
         ``rule`` = ``r_prompt * W_target`` (the paper's rule-based variant; characters from the
         BPE pieces when the ``bpe_model`` option is set, else every BPE id weighs 1, which is
-        palle.txt Eq. 11); ``auto`` = given when the request has it, else the rule."""
+        PALLE (arXiv:2504.10352) Eq. 11); ``auto`` = given when the request has it, else the rule."""
         how = opts["length"]
         if how not in ("auto", "given", "rule"):
             raise ValueError(f"delta: length must be auto, given or rule, got {how!r}")
@@ -517,7 +517,7 @@ def ar_from_cosyvoice_lm(llm_state_dict: Mapping[str, torch.Tensor], hf_config: 
       Qwen2 tokenizer, and CosyVoice3 also the instruction prefix
       (``"You are a helpful assistant.<|endofprompt|>"``, t_inst of Eq. 1) in the prompt text;
     * the speech side: S3 tokens (6561 codes at 25 Hz; :mod:`arnar.codec.s3` encodes them) and the
-      flow-matching token-to-speech decoder, which is not a package here (DESIGN.md section 6);
+      flow-matching token-to-speech decoder, which is not a package here (docs/design.md section 6);
     * the paper's adaptation data (585 h) and the LoRA rank / conv kernel it used (not in our text).
     """
     from arnar.nn.hf import transformer_from_hf_qwen2

@@ -13,7 +13,7 @@ Decoding (MaskGIT, Chang et al. 2022): all ``T_gen`` target positions start mask
 ``steps`` passes predicts every masked position, then re-masks the least confident ones so that
 ``floor(T_gen * gamma(s / steps))`` stay masked after step ``s``; confidence is the sampled
 token's probability plus Gumbel noise annealed to zero over the steps. ``T_gen`` is the
-ground truth when given, else palle.txt Eq. 11: ``T_ref * L_gen / L_ref``.
+ground truth when given, else PALLE (arXiv:2504.10352) Eq. 11: ``T_ref * L_gen / L_ref``.
 
 Positions (option ``text_positions``): ``sequence`` (the default, MaskGCT's) numbers the whole
 sequence 0, 1, 2, ...; ``proportional`` (not in the paper) puts ``<sos>`` at 0, ``<turn>`` at 1,

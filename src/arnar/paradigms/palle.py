@@ -1,6 +1,6 @@
-"""PALLE (palle.txt): pseudo-autoregressive span generation (stage one) + NAR refinement (stage two).
+"""PALLE (arXiv:2504.10352): pseudo-autoregressive span generation (stage one) + NAR refinement (stage two).
 
-Both stages are the same network (palle.txt 4.1, Fig. 3a), trained separately:
+Both stages are the same network (Sec. 4.1, Fig. 3a), trained separately:
 
     speech ids [T] (codes; <mask> where masked) ─ embed ─────────────── + a_s PE ─ dropout ─┐
     text ids [T] (x_ref x_gen <pad> ... <pad>)  ─ embed ─ ConvNeXt V2 ─ + a_t PE ─ dropout ─┴─ concat
@@ -28,7 +28,7 @@ Training (one :class:`Example` per utterance: ``input_ids`` = the speech stream,
   ``input_noise`` for a span model; the first ``floor(0.3 T)`` frames stand for the prompt, real
   speech at test time, and are never corrupted.
 
-Decoding (palle.txt 4.3): ``T_gen`` from the request or Eq. 11, times ``duration_multiplier``
+Decoding (Sec. 4.3): ``T_gen`` from the request or Eq. 11, times ``duration_multiplier``
 (Fig. 5). Two rules, each with the paper's as the default and the project's earlier one as a named
 option (decoding options; the report labels a system decoded with the other one):
 
@@ -46,7 +46,7 @@ option (decoding options; the report labels a system decoded with the other one)
 Both networks live in this one module, ``stage_one`` and ``stage_two``; option ``stage`` says
 which one trains (the other is frozen). A stage-2 run starts from the stage-1 run's weights
 (``train.init_from``), and loading a state dict whose stage two was never initialised copies
-stage one into stage two (palle.txt 5.1: "the second stage is fine-tuned based on the first").
+stage one into stage two (Sec. 5.1: "the second stage is fine-tuned based on the first").
 The stage-2 checkpoint therefore holds both trained networks and decodes both stages.
 """
 
@@ -79,7 +79,7 @@ from arnar.paradigms.base import (
     token_cross_entropy,
 )
 
-# palle.txt 5.1 "Inference Details": 100 stage-one steps of floor(0.01 T) frames, 7 stage-two steps
+# PALLE (arXiv:2504.10352) Sec. 5.1 "Inference Details": 100 stage-one steps of floor(0.01 T) frames, 7 stage-two steps
 # at gamma = 0.05, top-p with a small p (0.2-0.35) slightly better than greedy (temperature 0).
 # stage_one_rule: "fixed_ratio" (Eq. 14, k' = floor(r' T) with r' = r, or 1 / steps when r is None)
 #   or "even_split" (the target split evenly over exactly ``steps`` passes); see stage_one_spans.
@@ -252,7 +252,7 @@ def sinusoidal_positions(position_ids: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class PalleNetwork(nn.Module):
-    """One PALLE masked generative transformer (palle.txt 4.1, Fig. 3a): speech and padded text
+    """One PALLE masked generative transformer (PALLE Sec. 4.1, Fig. 3a): speech and padded text
     streams of equal length -> logits over the shared vocabulary at every position.
 
     One embedding table serves both streams: text and speech ids are disjoint ranges of the shared
@@ -405,7 +405,7 @@ class PALLE(Paradigm):
 
     def forward(self, batch: Batch) -> LossOutput:
         if self.stage == 2 and not bool(self.stage_two_initialised):
-            raise RuntimeError("PALLE stage 2 fine-tunes the stage-one model (palle.txt 5.1): start the run "
+            raise RuntimeError("PALLE stage 2 fine-tunes the stage-one model (PALLE, arXiv:2504.10352, Sec. 5.1): start the run "
                                "from a stage-1 run (train.init_from=<stage-1 run dir>)")
         logits = self.logits(batch.input_ids, batch.position_ids, batch.attention_mask,
                              text_ids=batch.extras["text_ids"])

@@ -1,4 +1,4 @@
-"""SyncSpeech: a Temporal Masked Transformer (TMT) that speaks text while it arrives (syncspeech.txt, section 2).
+"""SyncSpeech: a Temporal Masked Transformer (TMT) that speaks text while it arrives (SyncSpeech, arXiv:2502.11094, section 2).
 
 Each text (BPE) token ``y_n`` owns the span of speech frames ``s_{a_{n-1}:a_n}`` (``a`` from the forced
 alignment, :attr:`Utterance.ends`, ``a_0 = 0``). One forward pass emits *all* the speech tokens of one
@@ -32,7 +32,7 @@ only true ones; AR's option of the same name measured that gap (cross-sentence W
 
 Variant (option ``finetune_spans``, default ``one`` = Eq. 3): ``all`` scores every span of an
 utterance in one sequence, each through a masked copy that sees exactly what its decoding pass sees
-(:func:`packed_finetune_sequence`). Eq. 3 trains one text token per sequence, which section 2.3
+(:func:`packed_finetune_sequence`). Eq. 3 trains one text token per sequence, which section 2.1
 names as the reason for pre-training; on a CPU budget of a few thousand updates it leaves the
 fine-tuning stage with a few speech targets per example.
 
@@ -277,7 +277,7 @@ def packed_finetune_sequence(vocab, text: Tensor, speech: Tensor, ends: Tensor, 
         y_1 .. y_L  E  D s_{1:a_1} .. D s_{a_{L-1}:a_L}  <mask> x l_1 D'  ..  <mask> x l_L D'
 
     Why: Eq. 3 scores one span per sequence, so "the gradient was backpropagated for only one text
-    token" (section 2.3); at a few thousand CPU updates that is a few speech targets per example
+    token" (section 2.1); at a few thousand CPU updates that is a few speech targets per example
     against AR's every frame. Here every span is a target, at about twice the sequence length.
 
     What each position sees (the cached decoding of :class:`_ItemStream` fed the true spans, exactly):

@@ -1,4 +1,4 @@
-"""One training engine for every paradigm (DESIGN.md section 2).
+"""One training engine for every paradigm (docs/design.md section 2).
 
 A paradigm says how an utterance becomes a training sequence and what its loss is
 (:mod:`arnar.paradigms.base`); everything else is here, in one loop::

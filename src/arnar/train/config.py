@@ -44,7 +44,8 @@ def learning_rate(step: int, *, lr: float, warmup_steps: int, max_steps: int, mi
 
 # Settings a run can take that none of the papers uses, each with the papers' value. A run that
 # leaves one of them says so in its summary and the report's training table, so that an
-# embedded-profile recipe (docs/speak_recipe.md) is never read as the paper's.
+# embedded-profile recipe (docs/lab-notes/2026-12-01-to-06-speak-recipe.md) is never read as
+# the paper's.
 NOT_IN_THE_PAPERS: dict[str, Any] = {
     "data.prompt_pairs": 0.0,                   # the papers train on single utterances
     "paradigm.options.input_noise": 0.0,        # AR, NAR and SyncSpeech read true tokens (teacher forcing)

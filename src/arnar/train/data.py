@@ -191,7 +191,7 @@ def prompt_pairs(utterances: Sequence[Utterance], fraction: float, seed: int) ->
     the speaker's other utterances; the rest stay single, so the epoch still holds every
     utterance once as a target. The papers train on single utterances; this is an option for a
     small corpus, where a model that never saw two sentences joined mis-reads the test layout
-    (docs/speak_recipe.md). Speakers with one utterance keep it single.
+    (docs/lab-notes/2026-12-01-to-06-speak-recipe.md). Speakers with one utterance keep it single.
     """
     if not 0.0 <= fraction <= 1.0:
         raise TrainDataError(f"data.prompt_pairs must lie in [0, 1], got {fraction}")

@@ -1,6 +1,6 @@
 """Per-utterance inputs of Chain-of-Details: phoneme ids and a speaker embedding.
 
-CoD (chain_of_details.txt IV-A) reads the transcript as phonemes ("a pretrained G2P model generates
+CoD (Chain-of-Details, arXiv:2604.19330, Sec. IV-A) reads the transcript as phonemes ("a pretrained G2P model generates
 phonetic indices") and the voice as a speaker embedding ("a pretrained speaker encoder"), neither of
 which the shared training data (BPE ids, codec tokens) carries. :func:`build_features` computes both
 for every cut of a lhotse cut manifest and saves the table the training engine loads with

@@ -1,7 +1,7 @@
 """The offline codec: speech tokens and a decoder the pipeline trains itself on its corpus.
 
 The pretrained tokenizers of the papers (S3Tokenizer, DAC) need weights that cannot be fetched
-here (DESIGN.md section 5), so the embedded default trains its own, in miniature, from the
+here (docs/design.md section 5), so the embedded default trains its own, in miniature, from the
 corpus and its phone alignments. One trained model folder serves two token streams:
 
 ``stream="semantic"`` (codec name ``offline``): **one stream of 25 Hz semantic tokens**, made the

@@ -1,6 +1,6 @@
 """Recording quality for the Chain-of-Details MLS filter: SNR and C50 per utterance.
 
-CoD (chain_of_details.txt, section IV-A) keeps the MLS English utterances with SNR > 55 dB and
+CoD (Chain-of-Details, arXiv:2604.19330, Sec. IV-C) keeps the MLS English utterances with SNR > 55 dB and
 C50 > 55 as estimated by Brouhaha (Lavechin et al., 2023), a pyannote model that predicts, per
 ~17 ms frame, speech activity, the speech-to-noise ratio and the C50 of the room. Two
 estimators give those two numbers here:
