@@ -47,6 +47,17 @@ class CorpusError(RuntimeError):
     """A corpus-level problem that no quarantine can fix (e.g. the folder does not exist)."""
 
 
+def parallel_map(function, jobs: list, *, workers: int, desc: str, progress: bool, chunksize: int = 16) -> list:
+    """``[function(job) for job in jobs]`` with a progress bar, over ``workers`` processes when
+    more than one: the per-utterance passes of the corpus phase (convert, validate) share it.
+    The results keep the jobs' order, so the outputs do not depend on the worker count."""
+    bar = dict(total=len(jobs), desc=desc, unit="utt", disable=not progress)
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return list(tqdm(pool.map(function, jobs, chunksize=chunksize), **bar))
+    return [function(job) for job in tqdm(jobs, **bar)]
+
+
 @dataclass(frozen=True)
 class RawItem:
     utt_id: str
@@ -169,13 +180,8 @@ def ingest_corpus(
     if not items and not quarantined:
         raise CorpusError(f"{corpus_dir}: no utterances found (expected <speaker>/<id>.wav + <id>.txt)")
 
-    jobs = [(item, limits) for item in items]
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            checks = list(tqdm(pool.map(_check, jobs, chunksize=16), total=len(jobs),
-                               desc="validate", unit="utt", disable=not progress))
-    else:
-        checks = [_check(job) for job in tqdm(jobs, desc="validate", unit="utt", disable=not progress)]
+    checks = parallel_map(_check, [(item, limits) for item in items], workers=workers, desc="validate",
+                          progress=progress)
 
     recordings = defaultdict(list)
     supervisions = defaultdict(list)

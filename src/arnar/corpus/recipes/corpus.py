@@ -23,13 +23,13 @@ import os
 import re
 import time
 from collections import Counter, defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from tqdm import tqdm
+
+from arnar.corpus.manifests import parallel_map
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +102,8 @@ def write_corpus(items: list[SourceItem], out_dir: Path, *, sample_rate: int, wo
             raise ValueError(f"speaker {item.speaker} is in both {first.split} and {item.split}")
         (out_dir / item.speaker).mkdir(parents=True, exist_ok=True)
 
-    jobs = [(item, str(out_dir), sample_rate) for item in items]
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(tqdm(pool.map(_convert, jobs, chunksize=32), total=len(jobs),
-                                desc="convert", unit="utt", disable=not progress))
-    else:
-        results = [_convert(job) for job in tqdm(jobs, desc="convert", unit="utt", disable=not progress)]
+    results = parallel_map(_convert, [(item, str(out_dir), sample_rate) for item in items], workers=workers,
+                           desc="convert", progress=progress, chunksize=32)
 
     header = "speaker\tgender\tsource\tsubset\tsplit\n"
     rows = "".join(

@@ -53,16 +53,14 @@ import shutil
 import struct
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from tqdm import tqdm
 
 from arnar import atomic
-from arnar.corpus.manifests import CorpusError
+from arnar.corpus.manifests import CorpusError, parallel_map
 from arnar.corpus.validate import wav_declared_data_bytes
 
 log = logging.getLogger(__name__)
@@ -311,13 +309,8 @@ def prepare_folder_corpus(source: Path, out_dir: Path, *, sample_rate: int, test
 
     for speaker in speakers:
         (out_dir / speaker).mkdir(parents=True, exist_ok=True)
-    jobs = [(item, str(out_dir), sample_rate) for item in items]
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(tqdm(pool.map(_convert, jobs, chunksize=16), total=len(jobs),
-                                desc="convert", unit="utt", disable=not progress))
-    else:
-        results = [_convert(job) for job in tqdm(jobs, desc="convert", unit="utt", disable=not progress)]
+    results = parallel_map(_convert, [(item, str(out_dir), sample_rate) for item in items], workers=workers,
+                           desc="convert", progress=progress)
     written = {out_dir / i.speaker / f"{i.utt_id}{suffix}" for i in items
                for suffix, there in ((".wav", i.audio), (".txt", i.transcript)) if there is not None}
     _remove_stale(out_dir, written)
