@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from arnar.evaluate.run import evaluate_system, speed_summary
+from arnar.evaluate.run import evaluate_system, per_item_errors_from_utterances, speed_summary
 from arnar.evaluate.testlists import (
     TestItem,
     TestListError,
@@ -157,6 +157,17 @@ def test_evaluate_system_with_offline_backends(tmp_path):
     rows = (tmp_path / "r.tsv").read_text().splitlines()
     assert len(rows) == 4 and rows[0].startswith("item_id\tspeaker")
     assert json.loads((tmp_path / "r.json").read_text()) == result
+    # per item, in test-list order: what the report's paired bootstrap resamples; they add up to the totals
+    per_item = wer["per_item"]
+    assert per_item["item_ids"] == ["i0", "i1", "i2"] and per_item["ref_words"] == [8, 8, 5]
+    assert per_item["errors"][2] == 5
+    assert sum(per_item["errors"]) == wer["substitutions"] + wer["deletions"] + wer["insertions"]
+    # an evaluation written before per_item existed gets the same numbers back from its TSV
+    assert per_item_errors_from_utterances(tmp_path / "r.tsv", items, "pocketsphinx") == per_item
+    with pytest.raises(ValueError, match="no column 'hyp_whisper'"):
+        per_item_errors_from_utterances(tmp_path / "r.tsv", items, "whisper")
+    with pytest.raises(ValueError, match="do not match the test list"):
+        per_item_errors_from_utterances(tmp_path / "r.tsv", items[:2], "pocketsphinx")
 
 
 def test_audit_per_speaker_keeps_the_first_utterances_of_each_speaker(test_cuts, tmp_path):

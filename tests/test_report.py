@@ -13,15 +13,29 @@ from arnar.report import (
     claims_section,
     comparison_table,
     judge,
+    judge_with_items,
+    paired_interval,
     plot_grid,
 )
 
 
-def result(wer, sim=0.9, rtf=None, fpl_l=None, passes=None, utt_mean=None):
+def even_errors(wer, items=10, words=10):
+    """Per-item errors of ``items`` items of ``words`` words each whose corpus WER is ``wer``,
+    spread as evenly as whole errors allow (10 x 10 words: ``wer`` errors in all)."""
+    total = round(wer * items * words / 100)
+    return [total // items + (1 if k < total % items else 0) for k in range(items)]
+
+
+def result(wer, sim=0.9, rtf=None, fpl_l=None, passes=None, utt_mean=None, errors=None, words=10):
+    """An evaluation as `arnar evaluate` writes it. Its per-item errors (``errors``, one entry per
+    item of ``words`` words; by default :func:`even_errors`) are what the claims' bootstrap reads."""
     speed = None if rtf is None else {"rtf_token_stage": rtf, "rtf_end_to_end": rtf + 0.01, "fpl_a": 0.1,
                                       "fpl_l": fpl_l, "forward_passes": passes}
+    errors = even_errors(wer) if errors is None else errors
+    per_item = {"item_ids": [f"i{k}" for k in range(len(errors))], "errors": errors,
+                "ref_words": [words] * len(errors)}
     return {"asr": {"pocketsphinx": {"wer_corpus": wer, "wer_utterance_mean": wer if utt_mean is None else utt_mean,
-                                     "model": "ps"}},
+                                     "model": "ps", "per_item": per_item}},
             "sim": {"mean": sim, "backend": "resemblyzer", "model": "r", "reference": "prompt audio"},
             "speed": speed, "missing": [], "items": 6}
 
@@ -93,12 +107,107 @@ def test_claims_are_judged_per_task_against_the_seed_spread():
     layout = Layout(references=[], comparison={"ar": ["ar", "ar_seed2"], "nar": ["nar", "nar_seed2"],
                                                "palle_stage1": ["palle_stage1", "palle_stage1_seed2"]})
     text = claims_section(results, layout)
-    # PAR 41 ± 1.41 vs AR 51 ± 1.41: spread 2 < 10 -> reproduced; vs NAR 42 ± 1.41: 1 < 2 -> tie
-    assert "| PAR beats AR on WER | PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs A) | Continuation | wer | palle_stage1 41.00 ± 1.41 " \
-           "| ar 51.00 ± 1.41 | **reproduced** |" in text
+    # PAR 41 ± 1.41 vs AR 51 ± 1.41: spread 2 < 10 -> reproduced by the seeds; its errors spread evenly,
+    # 8 or 9 of 20 words fewer on every item, so every resample of items agrees; vs NAR 42 ± 1.41: 1 < 2 -> tie
+    row = ("| PAR beats AR on WER | PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs A) | Continuation | wer "
+           "| palle_stage1 41.00 ± 1.41 | ar 51.00 ± 1.41 | -10.00 [")
+    assert row in text and text[text.index(row):].split("\n")[0].endswith("] | **reproduced** |")
     assert "| PAR beats NAR on WER | PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs B) | Cross-sentence | wer |" in text
     assert text.count("**tie**") == 2 and text.count("**reversed**") == 2  # RTF: PAR slower than AR on both tasks
+    assert "| palle_stage1 0.300 | ar 0.030 | – | **reversed** |" in text  # speed claims have no interval
+    assert "| Paired bootstrap 95 % (better − worse, WER points) | This run |" in text
     assert "SyncSpeech" not in text  # claims whose systems did not run are left out
+
+
+def test_a_verdict_needs_the_seeds_and_the_items_to_agree():
+    """The combined rule on its own: the seed verdict stands only where the item interval of
+    better minus worse lies wholly on its side of 0; anything else is a tie."""
+    assert judge_with_items("reproduced", (-5.0, -8.0, -2.0), lower_is_better=True) == "reproduced"
+    assert judge_with_items("reproduced", (-5.0, -8.0, 1.0), lower_is_better=True) == "tie"  # holds 0
+    assert judge_with_items("reproduced", (-5.0, -8.0, 0.0), lower_is_better=True) == "tie"  # touches 0
+    assert judge_with_items("tie", (-5.0, -8.0, -2.0), lower_is_better=True) == "tie"  # the seeds do not agree
+    assert judge_with_items("reversed", (5.0, 2.0, 8.0), lower_is_better=True) == "reversed"
+    assert judge_with_items("reversed", (-5.0, -8.0, -2.0), lower_is_better=True) == "tie"  # they contradict
+    assert judge_with_items("reproduced", None, lower_is_better=True) == "tie"  # no per-item numbers
+    assert judge_with_items("reproduced", (0.1, 0.05, 0.2), lower_is_better=False) == "reproduced"  # (SIM)
+
+
+def test_seeds_say_reproduced_but_the_items_do_not():
+    """PAR 20 and 22 % over two seeds against AR 30 and 32 %: a gain of 10 points against a seed
+    spread of 2, so the seeds alone say reproduced. But all of PAR's errors sit in one sentence of
+    five (10 words each): item 1 holds 10 + 11 = 21 of its errors summed over both seeds, AR's
+    0 + 7 + 8 + 8 + 8 sit in the other four. A resample that draws item 1 twice or more (26 % of
+    them: 1 - 0.8^5 - 5 x 0.2 x 0.8^4) puts PAR behind, e.g. items (1, 1, 2, 3, 4): PAR 42 / 100,
+    AR 23 / 100; the interval holds 0 and the claim is a tie. The same means with errors spread over
+    every item are reproduced."""
+    def par_ar(par_errors, ar_errors):
+        results = {"palle_stage1": both(wer=20.0, errors=par_errors[0]),
+                   "palle_stage1_seed2": both(wer=22.0, errors=par_errors[1]),
+                   "ar": both(wer=30.0, errors=ar_errors[0]), "ar_seed2": both(wer=32.0, errors=ar_errors[1])}
+        layout = Layout(references=[], comparison={"palle_stage1": ["palle_stage1", "palle_stage1_seed2"],
+                                                   "ar": ["ar", "ar_seed2"]})
+        return results, layout
+
+    results, layout = par_ar(([10, 0, 0, 0, 0], [11, 0, 0, 0, 0]), ([0, 3, 4, 4, 4], [0, 4, 4, 4, 4]))
+    assert judge(Stat(21.0, 1.41, 2), Stat(31.0, 1.41, 2), None, lower_is_better=True) == "reproduced"
+    difference, low, high = paired_interval(results, layout.comparison["palle_stage1"], layout.comparison["ar"],
+                                            "continuation")
+    assert difference == pytest.approx(21 / 100 * 100 - 31 / 100 * 100)  # 21 and 31 errors over 2 x 50 words
+    assert low < 0 < high
+    text = claims_section(results, layout)
+    assert f"| -10.00 [{low:.2f}, {high:.2f}] | **tie** |" in text
+    assert "**reproduced**" not in text and "tie 2." in text
+    results, layout = par_ar(([2, 2, 2, 2, 2], [3, 2, 2, 2, 2]), ([3, 3, 3, 3, 3], [4, 3, 3, 3, 3]))
+    assert claims_section(results, layout).count("**reproduced**") == 2
+
+
+def test_the_interval_pairs_items_by_id_and_skips_evaluations_without_them():
+    """Items matched by id: B's list in another order gives the same interval; an item only one
+    side has is left out; a replica without per-item numbers (an old JSON without its TSV) gives
+    no interval, so the claim cannot be reproduced."""
+    a = {"continuation": result(wer=20.0, errors=[1, 0, 3])}
+    b = {"continuation": result(wer=30.0, errors=[2, 2, 4])}
+    results = {"a": a, "b": b}
+    reference = paired_interval(results, ["a"], ["b"], "continuation")
+    assert reference[0] == pytest.approx(100 * (4 - 8) / 30)
+    shuffled = b["continuation"]["asr"]["pocketsphinx"]["per_item"]
+    for key in shuffled:
+        shuffled[key] = shuffled[key][::-1]  # the same items, listed backwards
+    assert paired_interval(results, ["a"], ["b"], "continuation") == pytest.approx(reference)
+    extra = {"continuation": result(wer=20.0, errors=[1, 0, 3, 9])}  # i3 only here
+    assert paired_interval({"a": extra, "b": b}, ["a"], ["b"], "continuation") == pytest.approx(reference)
+    del a["continuation"]["asr"]["pocketsphinx"]["per_item"]
+    assert paired_interval(results, ["a"], ["b"], "continuation") is None
+
+
+def test_old_evaluations_get_their_per_item_errors_from_the_utterance_tsv(tmp_path):
+    """An evaluation JSON written before ``per_item`` existed: load_results recomputes each item's
+    errors from the TSV's hypotheses and the test list's texts (word_errors, as the evaluation did);
+    a missing item (empty hypothesis) is every word deleted."""
+    import json
+
+    from arnar.evaluate.testlists import TestItem, to_tsv
+    from arnar.report import item_errors, load_results
+
+    def item(n, text):
+        return TestItem(item_id=f"i{n}", task="continuation", speaker="s", target_id=f"t{n}", target_text=text,
+                        target_duration=4.5, prompt_id=f"t{n}", prompt_start=0.0, prompt_end=3.0, prompt_text="")
+
+    lists = tmp_path / "testlists"
+    lists.mkdir()
+    (lists / "continuation.tsv").write_text(to_tsv([item(0, "The birch canoe slid."), item(1, "It has 42 words.")]))
+    evaluation = result(wer=50.0)
+    del evaluation["asr"]["pocketsphinx"]["per_item"]
+    (tmp_path / "eval" / "x").mkdir(parents=True)
+    (tmp_path / "eval" / "x" / "continuation.json").write_text(json.dumps(evaluation))
+    # i0: "canoe" -> "canoes" (1 substitution of 4 words); i1 had no audio: 5 words deleted
+    (tmp_path / "eval" / "x" / "continuation_utterances.tsv").write_text(
+        "item_id\tspeaker\tduration\tsim\thyp_pocketsphinx\twer_pocketsphinx\n"
+        "i1\ts\t0.0\t\t\t1.0\ni0\ts\t2.1\t0.9\tthe birch canoes slid\t0.25\n")
+    layout = Layout(references=[], comparison={"x": ["x"]}, tasks={"x": ["continuation"]})
+    loaded = load_results(tmp_path / "eval", ["x"], layout, lists)
+    assert item_errors(loaded["x"]["continuation"]) == {"i0": (1, 4), "i1": (5, 5)}
+    assert "per_item" not in load_results(tmp_path / "eval", ["x"], layout)["x"]["continuation"]["asr"]["pocketsphinx"]
 
 
 def test_a_wer_claim_between_two_systems_that_do_not_speak_is_not_judged():

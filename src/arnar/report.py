@@ -1,16 +1,18 @@
 """The report: paper-format Markdown tables, plots, a metrics file for DVC, an HTML page with audio.
 
 Inputs are the evaluation results (``results/<profile>/eval/<system>/<task>.json`` and the
-ground-truth audit); nothing is recomputed here. The comparison table follows PALLE (arXiv:2504.10352)
-Table 3: one row per system (reference rows first), per task the WER of every ASR backend
-under both conventions, SIM, and the speed columns; a dash where a system has no value (the
-ground truth has no generation time).
+ground-truth audit); nothing is recomputed here, except the per-item word errors of an evaluation
+written before its JSON carried them (from its utterance TSV, :func:`load_results`). The
+comparison table follows PALLE (arXiv:2504.10352) Table 3: one row per system (reference rows
+first), per task the WER of every ASR backend under both conventions, SIM, and the speed
+columns; a dash where a system has no value (the ground truth has no generation time).
 """
 
 from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 import shutil
 import statistics
@@ -25,7 +27,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from arnar.ablations import GRIDS, grid_rows, value_name  # noqa: E402
 from arnar.atomic import atomic_path, write_text  # noqa: E402
+from arnar.evaluate.bootstrap import paired_bootstrap_wer_difference  # noqa: E402
 from arnar.evaluate.testlists import TASKS, read_testlist  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 TASK_TITLES = {"continuation": "Continuation", "cross_sentence": "Cross-sentence"}
 ASR_SHORT = {"whisper": "W", "hubert": "H", "pocketsphinx": "P", "moonshine": "M",
@@ -70,9 +75,17 @@ class Layout:
         return self.tasks.get(system, list(TASKS))
 
 
-def load_results(eval_dir: Path, systems: Sequence[str], layout: Layout | None = None) -> dict[str, dict[str, dict]]:
-    """``results[system][task]``: the evaluation of every task each system speaks."""
+def load_results(eval_dir: Path, systems: Sequence[str], layout: Layout | None = None,
+                 testlist_dir: Path | None = None) -> dict[str, dict[str, dict]]:
+    """``results[system][task]``: the evaluation of every task each system speaks. With
+    ``testlist_dir``, an evaluation whose headline judge has no ``per_item`` errors (written before
+    the JSON carried them) gets them recomputed from its utterance TSV beside it
+    (``<system>/<task>_utterances.tsv``), so that a committed run is re-reported without
+    re-evaluating it; without the TSV it stays without (its WER claims then have no interval)."""
+    from arnar.evaluate.run import per_item_errors_from_utterances
+
     layout = layout or Layout.plain(systems)
+    lists: dict[str, list] = {}
     results = {}
     for system in systems:
         results[system] = {}
@@ -80,7 +93,17 @@ def load_results(eval_dir: Path, systems: Sequence[str], layout: Layout | None =
             path = eval_dir / system / f"{task}.json"
             if not path.exists():
                 raise FileNotFoundError(f"{path}: evaluation result missing for system {system!r}")
-            results[system][task] = json.loads(path.read_text(encoding="utf-8"))
+            result = json.loads(path.read_text(encoding="utf-8"))
+            name, judge_result = next(iter(result["asr"].items()))
+            utterances = eval_dir / system / f"{task}_utterances.tsv"
+            if "per_item" not in judge_result and testlist_dir is not None:
+                if utterances.exists():
+                    if task not in lists:
+                        lists[task] = read_testlist(Path(testlist_dir) / f"{task}.tsv")
+                    judge_result["per_item"] = per_item_errors_from_utterances(utterances, lists[task], name)
+                else:
+                    log.warning("%s: no per-item errors and no %s: its WER claims get no interval", path, utterances)
+            results[system][task] = result
     return results
 
 
@@ -112,6 +135,15 @@ class Stat:
 
 def first_asr(r: dict) -> dict:
     return next(iter(r["asr"].values()))
+
+
+def item_errors(r: dict) -> dict[str, tuple[int, int]] | None:
+    """item id -> (errors, reference words) of the headline judge (the one :data:`METRICS` reads
+    WER from), in test-list order; None for an evaluation without per-item numbers."""
+    items = first_asr(r).get("per_item")
+    if items is None:
+        return None
+    return {i: (e, w) for i, e, w in zip(items["item_ids"], items["errors"], items["ref_words"])}
 
 
 METRICS = {  # name -> how to read it from one evaluation result
@@ -425,7 +457,7 @@ def speaks(results: dict, layout: Layout, system: str, task: str, wer: Stat) -> 
 
 
 def judge(better: Stat, worse: Stat, noise: float | None, lower_is_better: bool) -> str:
-    """``reproduced`` when ``better`` wins by more than the spread over seeds, ``opposite`` when
+    """``reproduced`` when ``better`` wins by more than the spread over seeds, ``reversed`` when
     it loses by more, else ``tie``. The spread is sqrt(sd_a^2 + sd_b^2) of the two systems;
     a one-seed system borrows ``noise`` (its paradigm's spread over seeds)."""
     sds = [x.sd if x.sd is not None else noise for x in (better, worse)]
@@ -434,6 +466,54 @@ def judge(better: Stat, worse: Stat, noise: float | None, lower_is_better: bool)
     if gain > spread:
         return "reproduced"
     if gain < -spread:
+        return "reversed"
+    return "tie"
+
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0  # one fixed draw for every claim, so that a report is rebuilt to the same text
+
+
+def paired_interval(results: dict, better: Sequence[str], worse: Sequence[str],
+                    task: str) -> tuple[float, float, float] | None:
+    """Corpus WER of ``better`` minus ``worse`` (percentage points) and its paired bootstrap 95 %
+    interval over the items (:mod:`arnar.evaluate.bootstrap`), each side's errors and reference
+    words summed over its seed replicas, on the items every replica of both was evaluated on
+    (matched by id, in the first replica's test-list order). None where a replica has no
+    per-item numbers or the two share no item."""
+    def per_seed(replicas):  # one item -> (errors, words) mapping per replica that spoke the task
+        return [item_errors(results[s][task]) for s in replicas if s in results and task in results[s]]
+
+    a, b = per_seed(better), per_seed(worse)
+    if not a or not b or any(p is None for p in a + b):
+        return None
+    shared = set.intersection(*(set(p) for p in a + b))
+    items = [i for i in a[0] if i in shared]
+    if not items:
+        return None
+
+    def summed_over_seeds(seeds):  # one unit per item: its seeds move together in the resampling
+        return ([sum(p[i][0] for p in seeds) for i in items], [sum(p[i][1] for p in seeds) for i in items])
+
+    (errors_a, words_a), (errors_b, words_b) = summed_over_seeds(a), summed_over_seeds(b)
+    return paired_bootstrap_wer_difference(errors_a, words_a, errors_b, words_b,
+                                           resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED)
+
+
+def judge_with_items(seed_verdict: str, interval: tuple[float, float, float] | None, lower_is_better: bool) -> str:
+    """A WER claim's verdict: the seed-spread verdict (:func:`judge`) stands only where the item
+    bootstrap agrees. ``reproduced`` needs the interval of better minus worse entirely on the
+    better side of 0 (below it when lower is better), ``reversed`` entirely on the other side;
+    anything else (the two disagree, the interval holds 0, or there is no interval) is a ``tie``.
+    Two sources of noise are checked: the synthesis seeds (the same text spoken again) and the
+    test items (another draw of sentences)."""
+    if interval is None:
+        return "tie"
+    _, low, high = interval
+    better_side, worse_side = (high < 0, low > 0) if lower_is_better else (low > 0, high < 0)
+    if seed_verdict == "reproduced" and better_side:
+        return "reproduced"
+    if seed_verdict == "reversed" and worse_side:
         return "reversed"
     return "tie"
 
@@ -455,8 +535,9 @@ def claims_section(results: dict[str, dict[str, dict]], layout: Layout | None = 
         return None
 
     lines = ["### Claims of the papers, tested on this run", "",
-             "| Claim | Source | Task | Metric | Better (claimed) | Worse (claimed) | This run |",
-             "|---|---|---|---|---|---|---|"]
+             "| Claim | Source | Task | Metric | Better (claimed) | Worse (claimed) "
+             "| Paired bootstrap 95 % (better − worse, WER points) | This run |",
+             "|---|---|---|---|---|---|---|---|"]
     counts: dict[str, int] = {}
     for claim in CLAIMS:
         if claim.better not in results or claim.worse not in results:
@@ -471,21 +552,39 @@ def claims_section(results: dict[str, dict[str, dict]], layout: Layout | None = 
             if claim.metric != "wer":
                 a, b = Stat(a.mean, None, a.n), Stat(b.mean, None, b.n)
             verdict = judge(a, b, spread, LOWER_IS_BETTER[claim.metric])
+            interval_cell = "–"
+            if claim.metric == "wer":
+                interval = paired_interval(results, replicas(claim.better), replicas(claim.worse), task)
+                verdict = judge_with_items(verdict, interval, LOWER_IS_BETTER[claim.metric])
+                if interval is not None:
+                    interval_cell = "{:.2f} [{:.2f}, {:.2f}]".format(*interval)
             if claim.metric == "wer" and all(speaks(results, layout, system, task, value) is False
                                              for system, value in ((claim.better, a), (claim.worse, b))):
                 verdict = "neither speaks"
             counts[verdict] = counts.get(verdict, 0) + 1
             digits = 3 if claim.metric in ("rtf", "fpl_l", "sim") else 2
             lines.append(f"| {claim.text} | {claim.source} | {TASK_TITLES[task]} | {claim.metric} | "
-                         f"{claim.better} {a.format(digits)} | {claim.worse} {b.format(digits)} | **{verdict}** |")
+                         f"{claim.better} {a.format(digits)} | {claim.worse} {b.format(digits)} | {interval_cell} "
+                         f"| **{verdict}** |")
     if not counts:
         return ""
+    # the caption states the verdict rule in full: a reader of comparison.md has no other place to find it
     lines += ["", "reproduced: the claimed winner wins by more than the spread over synthesis seeds "
-                  "(sqrt of the sum of both systems' variances; a one-seed ablation row borrows its paradigm's); "
-                  "reversed: it loses by more; tie: the difference is within the spread; neither speaks: a WER claim "
+                  "(sqrt of the sum of both systems' variances; a one-seed ablation row borrows its paradigm's) "
+                  "and, for a WER claim, the paired bootstrap 95 % interval lies entirely below 0; reversed: it "
+                  "loses by more than that spread and the interval lies entirely above 0; tie: anything else (the "
+                  "difference is within the spread, the interval holds 0, or the two disagree). The interval is "
+                  "over the test items: corpus WER of the claimed better minus the claimed worse, recomputed on "
+                  f"{BOOTSTRAP_RESAMPLES} resamples of the items with replacement, the same items for both systems "
+                  "(paired, matched by item id, on the items both were evaluated on), each item's errors and "
+                  "reference words summed over a system's synthesis seeds; the bounds are the 2.5th and 97.5th "
+                  "percentiles, the number before them the difference on those items without resampling (–: "
+                  "an evaluation without per-item numbers, so a tie). The seed spread says "
+                  "whether the difference outlasts speaking the text again, the interval whether it outlasts "
+                  "another draw of sentences. neither speaks: a WER claim "
                   f"whose two systems both read above {SPEAKS_WITHIN:g}x the WER of their own decoding path's "
                   "resynthesis row (the comparison's ceiling rows), so that it would compare babble. Speed claims compare means "
-                  "measured on this machine (one item at a time; results/bench.md), not on the papers' GPUs. "
+                  "(no interval: –) measured on this machine (one item at a time; results/bench.md), not on the papers' GPUs. "
                   "Totals: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "."]
     return "\n".join(lines) + "\n"
 
@@ -1038,7 +1137,7 @@ def build_report(*, eval_dir: Path, testlist_dir: Path, prompts_dir: Path, syste
                  systems: Sequence[str], out_dir: Path, samples: int, profile: str,
                  train_dir: Path | None = None, layout: dict | None = None) -> None:
     layout = Layout(**layout) if layout else Layout.plain(systems)
-    results = load_results(eval_dir, systems, layout)
+    results = load_results(eval_dir, systems, layout, testlist_dir)
     audit = json.loads((eval_dir / "ground_truth_audit.json").read_text(encoding="utf-8"))
     summaries = run_summaries(train_dir)
     tables_md = comparison_table(results, layout, run_parameters(train_dir), summaries)

@@ -30,13 +30,14 @@ from lhotse import load_manifest
 
 from arnar.evaluate.audio import AudioError
 from arnar.evaluate.metrics import (
+    WordErrors,
     fpl_l,
     real_time_factor,
     summarize_wer,
     verification_separation,
     word_errors,
 )
-from arnar.evaluate.testlists import TestItem
+from arnar.evaluate.testlists import TestItem, TestListError
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +192,13 @@ def evaluate_system(
     durations = {i.item_id: sf.info(str(system_dir / f"{i.item_id}.wav")).duration for i in present}
     groups = _item_groups(items, voices or {})
     asr_results = {}
+    # per-item numbers for every judge, not only params.yaml's first: the report's headline judge is
+    # the first key of the written JSON, whose keys are sorted
     for name, errs in errors.items():
         backend = asr_backends[name]
         asr_results[name] = dict(summarize_wer(errs), model=backend.model_id,
-                                 model_sha256=getattr(backend, "model_sha256", {}))
+                                 model_sha256=getattr(backend, "model_sha256", {}),
+                                 per_item=per_item_errors(items, errs))
         for kind, members in groups.items():
             asr_results[name][kind] = {g: summarize_wer([errs[i] for i in ix]) for g, ix in members.items()}
     result = {
@@ -228,6 +232,33 @@ def evaluate_system(
     _atomic_tsv(out_tsv, header, rows)
     _atomic_json(out_json, result)
     return result
+
+
+def per_item_errors(items: Sequence[TestItem], errors: Sequence[WordErrors]) -> dict[str, list]:
+    """Each item's errors (S + D + I) and reference words, in test-list order beside its id: what a
+    paired bootstrap over items (:mod:`arnar.evaluate.bootstrap`) resamples. Lists rather than a
+    mapping, so that the JSON keeps the test list's order (its keys are sorted when written)."""
+    return {"item_ids": [i.item_id for i in items], "errors": [e.errors for e in errors],
+            "ref_words": [e.ref_words for e in errors]}
+
+
+def per_item_errors_from_utterances(tsv: Path, items: Sequence[TestItem], backend: str) -> dict[str, list]:
+    """:func:`per_item_errors` recomputed from an evaluation's utterance TSV (its ``hyp_<backend>``
+    column) and the test list's reference texts, with the same :func:`word_errors`: for evaluation
+    JSONs written before they carried ``per_item``. An empty hypothesis (an item without audio)
+    counts as every word deleted, as :func:`evaluate_system` counted it."""
+    with Path(tsv).open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="\t")
+        column = f"hyp_{backend}"
+        if column not in (reader.fieldnames or []):
+            raise ValueError(f"{tsv}: no column {column!r} (columns: {', '.join(reader.fieldnames or [])})")
+        hypotheses = {row["item_id"]: row[column] for row in reader}
+    unknown = sorted(set(hypotheses) - {i.item_id for i in items})
+    absent = [i.item_id for i in items if i.item_id not in hypotheses]
+    if unknown or absent:
+        raise TestListError(f"{tsv}: its items do not match the test list ({len(absent)} of the list's items absent, "
+                         f"{len(unknown)} not in the list: {(absent + unknown)[:5]})")
+    return per_item_errors(items, [word_errors(i.target_text, hypotheses[i.item_id]) for i in items])
 
 
 def _item_groups(items: Sequence[TestItem], voices: dict[str, tuple[str, str]]) -> dict[str, dict[str, list[int]]]:
