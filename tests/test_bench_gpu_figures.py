@@ -90,22 +90,66 @@ def test_cpu_mode_runs_every_section(run):
     assert decode["config"]["precision"] == "bf16" and decode["config"]["seconds"] == [6.0, 10.0]
     assert {(r["paradigm"], r["audio_seconds"]) for r in decode["results"]} == \
         {(p, s) for p in PARADIGMS for s in (6.0, 10.0)}
-    for r in decode["results"]:
-        assert r["frames"] == round(r["audio_seconds"] * r["frame_rate"])
-        assert r["passes"] > 0 and r["rtf"] > 0 and 0 < r["overhead"] < 1
-        assert r["token_seconds_vs_ar"] is not None and r["fpl_seconds_vs_ar"] is not None
-    # batched synthesis: a paradigm without a batched path has batch 1 only (from the decoding rows)
+    # sequential passes by hand, default decoding options, a 3 s prompt (75 frames at 25 Hz), T target
+    # frames at 25 Hz (150 at 6 s, 250 at 10 s) and L = round(T / 4.37) text tokens (34, 57):
+    # AR: one pass over the prefix gives token 1, one more per token after it: T (no <eos> step, T is given);
+    # SyncSpeech: one pass per text token plus the final one: L + 1; NAR, DELTA: `steps` = 16;
+    # PALLE: stage one commits k' = floor((75 + T) / 100) frames a pass, ceil(T / k') passes (6 s: k' = 2,
+    # 75; 10 s: k' = 3, 84), then 7 refinement steps of 2 passes; CoD: 3 levels x 20 steps at 50 Hz.
+    expected_passes = {
+        6.0: {"ar": 150, "syncspeech": 35, "nar": 16, "delta": 16, "palle": 75 + 14, "cod": 60},
+        10.0: {"ar": 250, "syncspeech": 58, "nar": 16, "delta": 16, "palle": 84 + 14, "cod": 60},
+    }
+    assert {s: {r["paradigm"]: r["text_tokens"] for r in decode["results"] if r["audio_seconds"] == s}
+            for s in (6.0, 10.0)} == {6.0: dict.fromkeys(PARADIGMS, 34), 10.0: dict.fromkeys(PARADIGMS, 57)}
+    runs = {(r["paradigm"], r["audio_seconds"]): r for r in decode["runs"]}
+    assert len(decode["runs"]) == len(runs) == 2 * len(PARADIGMS)  # one repeat: each row is one run
+    rows = {(r["paradigm"], r["audio_seconds"]): r for r in decode["results"]}
+    for (name, s), r in rows.items():
+        run_ = runs[name, s]
+        assert r["frames"] == round(r["audio_seconds"] * r["frame_rate"]) == run_["frames"]
+        assert r["frame_rate"] == (50.0 if name == "cod" else 25.0)
+        assert r["passes"] == run_["passes"] == expected_passes[s][name], (name, s)
+        # the figures are the recorded timings: rtf = token seconds / audio seconds; the loop overhead is
+        # 1 - forward / total of the instrumented run; a stage that does not stream has its FPL at the end
+        assert r["token_seconds"] == run_["seconds"] and r["rtf"] == pytest.approx(run_["seconds"] / s)
+        assert r["overhead"] == pytest.approx(1 - run_["forward_seconds"] / run_["profiled_seconds"])
+        assert 0 < r["overhead"] < 1
+        assert r["streams"] == (name in ("ar", "syncspeech"))
+        if r["streams"]:
+            assert r["fpl_seconds"] < r["token_seconds"]
+        else:
+            assert r["fpl_seconds"] == r["token_seconds"]
+        ar = rows["ar", s]
+        for key in ("passes", "token_seconds", "fpl_seconds"):
+            assert r[f"{key}_vs_ar"] == pytest.approx(r[key] / ar[key]), (name, s, key)
+    # batched synthesis: batch 1 items/s is 1 / the decoding section's seconds per item at 10 s, for
+    # every paradigm; each batched row measured every batch size
     batched = report["batched"]
     ten = {r["paradigm"]: r for r in decode["results"] if r["audio_seconds"] == 10.0}
+    assert batched["audio_seconds"] == 10.0 and set(batched["rows"]) == PARADIGMS
     for name, row in batched["rows"].items():
-        if not row["batched_path"]:
-            assert row["batch1_items_per_s"] == pytest.approx(1 / ten[name]["token_seconds"])
+        assert row["batch1_items_per_s"] == pytest.approx(1 / runs[name, 10.0]["seconds"])
+        assert row["batch1_items_per_s"] == pytest.approx(1 / ten[name]["token_seconds"])
         assert "error" not in row, (name, row.get("error"))
+        if row["batched_path"]:
+            assert sorted(int(b) for b in row["items_per_s"]) == batched["batch_sizes"] == [1, 2]
     assert {name for name, row in batched["rows"].items() if row["batched_path"]} == PARADIGMS  # every one has it
     # training: every paradigm, its FLOP rate against the matmul of the same run
     train = report["train"]
     assert set(train["results"]) == TRAINED and train["config"]["skipped"] == {}
-    assert train["matmul"]["flops_per_s"] > 0 and train["matmul"]["shape"] == [4 * (250 + 57 + 2), 32, 64]
+    matmul = train["matmul"]
+    assert matmul["shape"] == [4 * (250 + 57 + 2), 32, 64]
+    # [M, K] x [K, N]: 2 M K N floating-point operations, over the seconds it recorded
+    assert matmul["flops"] == 2 * 1236 * 32 * 64
+    assert matmul["flops_per_s"] == pytest.approx(matmul["flops"] / matmul["seconds"])
+    # AR's count by hand: tiny backbone (2 blocks of q, k, v, o 4 x 32^2, SwiGLU 3 x 32 x 64, two norms
+    # 2 x 32; final norm 32) = 20,640, and the tables of 8 specials + 1000 BPE + 512 codes (the bench's
+    # vocabulary) x 32 each; the loss path leaves the embedding out (a lookup is no matmul)
+    backbone, table = 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32, (8 + 1000 + 512) * 32
+    ar_train = train["results"]["ar"]
+    assert ar_train["parameters"] == ar_train["trainable_parameters"] == backbone + 2 * table
+    assert ar_train["parameters_on_loss_path"] == backbone + table
     for name, r in train["results"].items():
         assert r["flops_per_s"] == pytest.approx(r["flops_estimate"] / r["seconds_per_update"])
         assert r["share_of_matmul"] == pytest.approx(r["flops_per_s"] / train["matmul"]["flops_per_s"])
@@ -145,9 +189,12 @@ def test_merge_copies_a_device_runs_sections(run, tmp_path):
     assert target.read_text() == merged
 
 
-def test_batched_synthesis_measures_a_batched_path_where_one_exists():
+def test_batched_synthesis_measures_a_batched_path_where_one_exists(monkeypatch):
     """AR's batched path with its calls counted, SyncSpeech's as it is, and a paradigm without one
     (NAR's taken away: every paradigm in src has one now) given batch 1 only."""
+    # the bench's clock advances 0.5 s per reading, so each timed call lasts exactly 0.5 s
+    ticks = iter(0.5 * i for i in range(10_000))
+    monkeypatch.setattr(gf, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(ticks))}))
     setups = ds.build_setups(["ar", "syncspeech", "nar"], "tiny", torch.device("cpu"), {}, "bf16")
     calls = []
     real = setups["ar"].model.generate_batch
@@ -164,7 +211,9 @@ def test_batched_synthesis_measures_a_batched_path_where_one_exists():
     assert calls == [2, 1, 2]  # a warm-up at the largest batch, then each size once
     ar, sync, nar = result["rows"]["ar"], result["rows"]["syncspeech"], result["rows"]["nar"]
     assert result["any_batched"] and ar["batched_path"] and set(ar["items_per_s"]) == {1, 2}
-    assert all(v > 0 for v in ar["items_per_s"].values()) and ar["batch1_items_per_s"] == 2.0
+    # B items in one 0.5 s call: B / 0.5 items/s; batch 1 from the decoding section's 0.5 s per item
+    assert ar["items_per_s"] == {1: 2.0, 2: 4.0} and sync["items_per_s"] == {1: 2.0, 2: 4.0}
+    assert ar["batch1_items_per_s"] == 2.0 and sync["batch1_items_per_s"] is None  # no batch-1 figure given
     assert sync["batched_path"] and "error" not in sync and set(sync["items_per_s"]) == {1, 2}
     assert not nar["batched_path"] and nar["items_per_s"] == {} and nar["batch1_items_per_s"] is None
     lines = gf.batched_lines(result)

@@ -7,6 +7,7 @@ save them in the packages' own checkpoint formats and load them through ``load_c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -130,6 +131,31 @@ def test_s3_encodes_batches_at_25hz(s3):
     again = s3.encode(clips[::-1], 16000)[::-1]
     for a, b in zip(codes, again):
         np.testing.assert_array_equal(a, b)  # deterministic, independent of order
+    # token count by hand, ceil(ceil(n_mel / 2) / 2) with n_mel = n_samples // 160 (two stride-2 stages):
+    # 0.37 s = 5920 samples -> 37 mel frames -> 19 -> 10 tokens (not 25 x 0.37 = 9.25);
+    # 1.01 s = 16160 -> 101 -> 51 -> 26
+    odd = s3.encode([_noise(0.37, 16000, 4), _noise(1.01, 16000, 5)], 16000)
+    assert [c.shape for c in odd] == [(1, 10), (1, 26)]
+
+
+def test_s3_tokens_are_the_packages_reference_pipeline(s3, s3_path):
+    """The package's own pipeline run here, one clip at a time: log-mel, padding, quantize."""
+    import s3tokenizer
+    from s3tokenizer.model_v2 import S3TokenizerV2
+
+    from arnar.codec.s3 import _config_from_state
+
+    state = torch.load(s3_path, weights_only=True)
+    model = S3TokenizerV2("speech_tokenizer_v2_25hz", _config_from_state(state))
+    model.load_state_dict(state)
+    model.eval()
+    clips = [_noise(2.0, 16000, 0), _noise(1.0, 16000, 1), _noise(3.3, 16000, 2)]
+    ours = s3.encode(clips, 16000)  # one batch, padded
+    for clip, codes in zip(clips, ours):
+        with torch.inference_mode():
+            feats, lens = s3tokenizer.padding([s3tokenizer.log_mel_spectrogram(torch.from_numpy(clip), n_mels=128)])
+            ref, ref_lens = model.quantize(feats, lens)
+        np.testing.assert_array_equal(codes[0], ref[0, : int(ref_lens[0])].numpy())
 
 
 def test_s3_resamples_input(s3):
@@ -139,6 +165,9 @@ def test_s3_resamples_input(s3):
     at_44k = soxr.resample(clip, 16000, 44100).astype(np.float32)
     (codes,) = s3.encode([at_44k], 44100)
     assert codes.shape == (1, 50)
+    # the 44.1 kHz clip is tokenized as soxr's 16 kHz version of it, token for token
+    back = soxr.resample(at_44k, 44100, 16000).astype(np.float32)
+    np.testing.assert_array_equal(codes, s3.encode([back], 16000)[0])
 
 
 def test_s3_cannot_decode_and_rejects_bad_input(s3):
@@ -230,6 +259,28 @@ def test_dac_rates_shapes_and_round_trip(dac):
     for x, c, y in zip(clips, codes, audio):
         assert y.dtype == np.float32 and y.ndim == 1
         assert len(y) == c.shape[1] * DAC_HOP and abs(len(y) - len(x)) < DAC_HOP
+
+
+def test_dac_round_trip_is_the_packages_reconstruction(dac, dac_paths):
+    """decode(encode(x)) against DAC.forward's "audio" (the package's encode -> quantize -> decode, cut
+    to the input's length). The weights are random, so the reconstruction is not the input; what is
+    deterministic and checkable is that our two halves (batched, masked) give the package's result."""
+    from dac.model.dac import DAC
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = DAC.load(str(dac_paths[0])).eval()
+    clips = [_noise(0.6, 16000, 0), _noise(0.37, 16000, 1), _noise(1.05, 16000, 2)]
+    audio = dac.decode(dac.encode(clips, 16000))  # one batch of three, padded and masked
+    for x, y in zip(clips, audio):
+        with torch.no_grad():
+            ref = model(torch.from_numpy(x)[None, None], 16000)["audio"][0, 0].numpy()
+        # the reference is cut to the input's length, or shorter where this decoder returns a few samples
+        # under T x hop (0.6 s = 30 frames: 9592 of 9600; ours pads those 8 with zeros)
+        n = len(ref)
+        assert len(x) - 16 <= n <= len(x)
+        snr = 10 * np.log10(np.mean(ref**2) / np.mean((y[:n] - ref) ** 2))
+        assert snr > 60, f"{snr:.1f} dB"  # float rounding only (measured ~130 dB); a wrong frame is ~0 dB
 
 
 def test_dac_batch_equals_one_by_one(dac):
@@ -337,7 +388,15 @@ def test_dac_first_quantizer_levels(dac):
     lv = levels(codes, 3)
     assert [len(x) for x in lv] == level_lengths(50, 3) == [13, 25, 50]
     np.testing.assert_array_equal(lv[-1], codes[0])
-    np.testing.assert_array_equal(lv[0], codes[0, ::4])
+    # level 1 keeps the first token of each group of 4 frames of quantizer 0: frames 0, 4, ..., 48 (the
+    # last group, frames 48-49, is partial); level 2 of each pair: frames 0, 2, ..., 48
+    first = [0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48]
+    assert lv[0].tolist() == [int(codes[0, j]) for j in first]
+    assert lv[1].tolist() == [int(codes[0, j]) for j in range(0, 50, 2)]
+    assert lv[0].tolist() == lv[1][::2].tolist()  # level 1 is level 2 decimated by 2
+    # a hand-worked code block [n_q = 4, T = 6]: only row 0 (the first quantizer) makes levels
+    block = np.array([[7, 3, 9, 1, 4, 4], [0, 0, 0, 0, 0, 0], [5, 5, 5, 5, 5, 5], [2, 2, 2, 2, 2, 2]])
+    assert [x.tolist() for x in levels(block, 3)] == [[7, 4], [7, 9, 4], [7, 3, 9, 1, 4, 4]]
     assert level_rates(dac.frame_rate, 3) == [12.5, 25.0, 50.0]
 
 
@@ -389,6 +448,14 @@ def test_token_shards_round_trip_and_manifest(dac, tmp_path):
     # np.load reads a shard directly
     with np.load(folder / "shard-00000.npz") as npz:
         assert sorted(npz.files) == sorted(tokens)[:3]
+    # the manifest's figures, recomputed: 7 utterances in shards of 3 -> 3, 3, 1 in sorted id order;
+    # each shard's sha256 that of its bytes; seconds = frames / 50 Hz (the small DAC's frame rate)
+    ids = sorted(tokens)
+    for shard, chunk in zip(manifest["shards"], (ids[0:3], ids[3:6], ids[6:7])):
+        assert shard["n_utterances"] == len(chunk)
+        assert shard["n_frames"] == sum(tokens[u].shape[1] for u in chunk)
+        assert shard["sha256"] == hashlib.sha256((folder / shard["file"]).read_bytes()).hexdigest()
+    assert manifest["seconds"] == round(manifest["n_frames"] / 50.0, 3)
 
 
 def test_token_shards_are_deterministic_bytes(tmp_path):
@@ -411,7 +478,15 @@ def test_token_shards_stale_and_corrupt(dac, tmp_path):
     assert "stale token set" in msg and "manifest.json" in msg and "rerun the tokenize rule" in msg
     assert dac.config_hash() in msg and "b" * 64 in msg and "codec dac" in msg
 
+    # a readable shard of the same set in the wrong place: refused by its hash, not read as tokens
     shard = folder / "shard-00001.npz"
+    original = shard.read_bytes()
+    shard.write_bytes((folder / "shard-00000.npz").read_bytes())
+    with pytest.raises(TokenShardError, match="shard-00001.npz: token shard corrupt"):
+        read_token_shards(folder, expect_codec_hash=dac.config_hash())
+    shard.write_bytes(original)
+    assert len(read_token_shards(folder, expect_codec_hash=dac.config_hash())) == 5  # restored: read again
+
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))

@@ -83,10 +83,14 @@ def test_palle_network_is_177m():
     one, two = count(palle.stage_one), count(palle.stage_two)
     assert one == two == 176_585_730
     assert within(one, 177.0e6), f"PALLE network {one / 1e6:.2f}M vs 177.0M"
-    # the feed-forward: SwiGLU 2752 costs what the paper's two-matrix 4096-wide MLP does (within 1%)
-    assert abs(3 * 1024 * 2752 - 2 * 1024 * 4096) / (2 * 1024 * 4096) < 0.01
-    # what the paper describes besides the token tables, our modules of it
     net = palle.stage_one
+    # the feed-forward as built from model=paper: a SwiGLU (three bias-free matrices, ffn_dim 2752) in
+    # every block, costing what the paper's two-matrix 4096-wide MLP with biases does (within 1%)
+    paper_mlp = 2 * 1024 * 4096 + 4096 + 1024  # 8,393,728
+    for block in net.backbone.layers:
+        assert count(block.mlp) == 3 * 1024 * 2752  # 8,454,144
+    assert abs(count(net.backbone.layers[0].mlp) - paper_mlp) / paper_mlp < 0.01
+    # what the paper describes besides the token tables, our modules of it
     # ConvNeXt V2 block, kernel 7, 1024 -> 2048 -> 1024: depth-wise conv, LayerNorm, two linears, GRN
     assert count(net.text_encoder) == (1024 * 7 + 1024) + 2 * 1024 + (1024 * 2048 + 2048) + 2 * 2048 \
         + (2048 * 1024 + 1024) == 4_211_712
@@ -98,7 +102,10 @@ def test_ar_nar_and_syncspeech_share_palles_backbone(paradigm):
     """PALLE (arXiv:2504.10352) Table 3: AR (Sys. A) and NAR (Sys. B) are trained "using the same ... Transformer
     backbone"; SyncSpeech states no size and shares it (docs/design.md section 6)."""
     model, palle = build(paradigm, "paper"), build("palle_stage1", "paper")
-    assert count(model.backbone) == count(palle.stage_one.backbone) == 151_806_976
+    # by hand from model=paper (dim 1024, 12 layers, 16 heads, no kv grouping, ffn 2752, no biases): per
+    # block q, k, v, o 4 x 1024^2, SwiGLU 3 x 1024 x 2752, two RMSNorms 2 x 1024; then the final norm
+    per_block = 4 * 1024 * 1024 + 3 * 1024 * 2752 + 2 * 1024  # 12,650,496
+    assert count(model.backbone) == count(palle.stage_one.backbone) == 12 * per_block + 1024  # 151,806,976
     tables = 2 * (N_SPECIAL + 2000 + 6561) * 1024  # embedding and head
     extra = count(model) - count(model.backbone) - tables  # SyncSpeech's duration head (1024 -> 51)
     assert extra == (0 if paradigm != "syncspeech" else 1024 * 51 + 51)
@@ -143,11 +150,14 @@ def test_the_dag_gives_each_paradigm_its_paper_model(tmp_path):
     out = run([str(BIN / "snakemake"), "-n", "-p", "--cores", "1", "training", "--config", "profile=libritts"],
               workflow).stdout
     models = {m.group(1): m.group(2) for m in re.finditer(r"arnar train --run-dir \S+/runs/(\w+) .*? model=(\w+)", out)}
+    table = json.dumps(models, indent=1, sort_keys=True)  # the run -> model table, for a failing test's message
+    # every train command of the dry run was read: as many "arnar train" lines as runs found
+    assert len(models) == len(re.findall(r"arnar train --run-dir ", out)), table
     expected_delta = {"delta", "delta_ar", "ar_lora", "delta_noconv", "delta_lora_budget", "delta_noprompt",
                       "delta_unfrozen"}
-    assert {run for run, model in models.items() if model == "paper_delta"} == expected_delta
-    assert {run for run, model in models.items() if model == "paper_cod"} == {"cod", "cod_l1", "cod_l2", "cod_paper"}
-    assert {"ar", "nar", "syncspeech", "palle_stage1", "palle"} <= {r for r, m in models.items() if m == "paper"}
-    assert set(models.values()) == {"paper", "paper_cod", "paper_delta"}
+    assert {run for run, model in models.items() if model == "paper_delta"} == expected_delta, table
+    assert {run for run, model in models.items() if model == "paper_cod"} == {"cod", "cod_l1", "cod_l2", "cod_paper"}, \
+        table
+    assert {"ar", "nar", "syncspeech", "palle_stage1", "palle"} <= {r for r, m in models.items() if m == "paper"}, table
+    assert set(models.values()) == {"paper", "paper_cod", "paper_delta"}, table
     assert re.search(r"runs/delta .*paradigm\.options\.ar_run=data/libritts/runs/delta_ar ", out)
-    assert json.dumps(models)  # the run -> model table, for a failing test's message

@@ -311,9 +311,26 @@ def test_int_to_words():
 
 def test_number_words_all_pronounceable():
     words = set(ph._ONES) | set(ph._TENS[2:]) | {n for _, n in ph._SCALES} | {"hundred", "point"}
+    phones = set(PhonemeTokenizer().symbols[4:])  # the 39 CMUdict phones, stress dropped
+    lexicon = ph._lexicon().prons
     for w in sorted(words):
-        ph._number_word_phones(w)
-        ph._number_word_phones(ph._ordinal([w])[0])
+        cardinal = ph._number_word_phones(w)  # KeyError if cmudict lacks it
+        assert cardinal == lexicon[w] and cardinal and set(cardinal) <= phones, w
+        ordinal = ph._ordinal([w])[0]
+        spoken = ph._number_word_phones(ordinal)
+        assert spoken and set(spoken) <= phones, ordinal
+        # an ordinal cmudict lacks is the cardinal + TH ("zeroth", "trillionth")
+        assert spoken == lexicon.get(ordinal, cardinal + ("TH",)), ordinal
+    # hand-read: the ordinal spelling rules, then cmudict's entries (stress stripped) or the +TH rule
+    assert [ph._ordinal([w])[0] for w in ("nine", "twelve", "twenty", "four", "million")] == \
+        ["ninth", "twelfth", "twentieth", "fourth", "millionth"]
+    assert ph._number_word_phones("twentieth") == ("T", "W", "EH", "N", "T", "IY", "AH", "TH")  # cmudict
+    assert ph._number_word_phones("eighth") == ("EY", "T", "TH")  # cmudict
+    assert "zeroth" not in lexicon and "trillionth" not in lexicon
+    assert ph._number_word_phones("zeroth") == ("Z", "IH", "R", "OW", "TH")  # zero Z IH1 R OW0 + TH
+    assert ph._number_word_phones("trillionth") == ("T", "R", "IH", "L", "Y", "AH", "N", "TH")
+    with pytest.raises(KeyError):
+        ph._number_word_phones("qxzvkth")  # neither a word nor a word + "th"
 
 
 def test_g2p_segmentation():
