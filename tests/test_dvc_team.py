@@ -74,6 +74,10 @@ def team_repo(smoke, tmp_path_factory):
     shutil.copy2(REPO_ROOT / "scripts/pull.sh", work / "scripts/pull.sh")
     params = work / "params.yaml"
     params.write_text(re.sub(r"^profile: \w+", "profile: smoke", params.read_text(), count=1, flags=re.M))
+    # smoke is now the file's own profile, whose samples go to docs/samples (the folder dvc.yaml
+    # records) rather than where the --config run put them: make them there, as that run would have
+    shutil.rmtree(work / "results/smoke/report/samples")
+    run([SNAKEMAKE, "--cores", "1", "samples"], work)
     remote = tmp_path / "remote"
     git(work, "init", "-q")
     run([DVC, "remote", "modify", "local", "url", str(remote)], work)

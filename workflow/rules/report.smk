@@ -49,7 +49,7 @@ rule report:
 # committed; a profile picked with --config writes results/<profile>/report/samples instead, so a
 # smoke or mini run never overwrites the committed samples.
 SAMPLE_TASK = "cross_sentence"
-with open(workflow.basedir + "/params.yaml") as _params_file:
+with open("params.yaml") as _params_file:  # the file itself, not the --config-overridden config
     SAMPLES_DIR = "docs/samples" if yaml.safe_load(_params_file)["profile"] == PROFILE else f"{RESULTS}/report/samples"
 SAMPLE_ROWS = SYSTEMS[: len(SYSTEMS) - len(PARADIGMS)] + list(SEEDS_OF)  # references, then the paradigms
 
