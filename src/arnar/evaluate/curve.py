@@ -3,7 +3,7 @@
 Dev loss going down is not speech coming out (docs/lab-notes/2026-12-01-to-06-speak-recipe.md:
 AR's best speech came from its worst dev loss). A learning curve therefore reads a run's *speech* against
 its updates: every kept ``checkpoints/step_<N>.pt`` (the recipe's ``ckpt_every`` and
-``keep_checkpoints``; ``speak`` keeps one every 500) and ``final.pt`` speak one frozen test list
+``keep_checkpoints``; ``speak`` keeps one every 400) and ``final.pt`` speak one frozen test list
 with one synthesis seed, and each is scored by the evaluation's own :func:`evaluate_system`
 (corpus WER per ASR backend, SIM to the prompt). The dev loss each checkpoint had is read from
 the checkpoint itself, so the two curves sit side by side.
