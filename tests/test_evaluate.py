@@ -128,6 +128,7 @@ def test_evaluate_system_with_offline_backends(tmp_path):
     if shutil.which("flite") is None:
         pytest.skip("Debian's flite is not installed (scripts/setup.sh installs it)")
     from arnar.evaluate.asr import load_asr
+    from arnar.evaluate.mos import load_mos_predictor
     from arnar.evaluate.similarity import load_speaker_encoder
 
     texts = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background."]
@@ -146,8 +147,13 @@ def test_evaluate_system_with_offline_backends(tmp_path):
         asr_backends={"pocketsphinx": load_asr("pocketsphinx")},
         speaker_encoder=load_speaker_encoder("resemblyzer"),
         out_json=tmp_path / "r.json", out_tsv=tmp_path / "r.tsv", d_llm=0.025,
+        mos_predictor=load_mos_predictor("dnsmos"),
     )
     assert result["missing"] == ["i2"]
+    # DNSMOS over the two present clips: P.808 headline, P.835 beside it, all on the 1-5 scale
+    mos = result["mos"]
+    assert mos["backend"] == "dnsmos" and mos["headline"] == "p808" and mos["mean"] == mos["p808"]
+    assert all(1.0 <= mos[c] <= 5.0 for c in ("p808", "sig", "bak", "ovrl"))
     wer = result["asr"]["pocketsphinx"]
     # the missing item's 5 words are all deletions, so corpus WER >= 5 / 21 words
     assert wer["deletions"] >= 5 and wer["ref_words"] == 8 + 8 + 5
@@ -155,7 +161,8 @@ def test_evaluate_system_with_offline_backends(tmp_path):
     assert result["sim"]["mean"] > 0.8  # same voice as the prompt
     assert result["speed"]["items_timed"] == 1
     rows = (tmp_path / "r.tsv").read_text().splitlines()
-    assert len(rows) == 4 and rows[0].startswith("item_id\tspeaker")
+    assert len(rows) == 4 and rows[0].startswith("item_id\tspeaker\tduration\tsim\tmos")
+    assert rows[3].split("\t")[4] == ""  # the missing item has no MOS (and does not lower the mean)
     assert json.loads((tmp_path / "r.json").read_text()) == result
     # per item, in test-list order: what the report's paired bootstrap resamples; they add up to the totals
     per_item = wer["per_item"]
@@ -190,6 +197,26 @@ def test_audit_per_speaker_keeps_the_first_utterances_of_each_speaker(test_cuts,
         ids = [row.split("\t")[0] for row in (tmp_path / f"{cap}.tsv").read_text().splitlines()[1:]]
         assert ids == expected
         assert result["utterances"] == len(expected) and result["per_speaker"] == cap
+    # naturalness per voice: a predictor that scores each clip by its length (seconds) makes the
+    # means checkable by hand. Cap 3: a0-a2 are 2.0, 4.5, 5.0 s (voice A), b0-b1 4.2, 11.0 s (voice B)
+    class LengthMos:
+        name, model_id, sample_rate = "length", "seconds", 16000
+
+        def score(self, audio, sample_rate):
+            seconds = np.array([len(a) / sample_rate for a in audio], dtype=np.float32)
+            return {"p808": seconds, "sig": 2 * seconds}
+
+    result = ground_truth_audit(cuts_paths=[test_cuts], voices={"a": "A", "b": "B"},
+                                asr_backends={"echo": FixedTextAsr()}, speaker_encoder=encoder,
+                                out_json=tmp_path / "m.json", out_tsv=tmp_path / "m.tsv", per_speaker=3,
+                                mos_predictor=LengthMos())
+    mos = result["mos"]
+    assert mos["headline"] == "p808"
+    assert mos["per_voice"]["A"]["p808"] == pytest.approx((2.0 + 4.5 + 5.0) / 3, abs=1e-3)
+    assert mos["per_voice"]["B"]["sig"] == pytest.approx(2 * (4.2 + 11.0) / 2, abs=1e-3)
+    assert mos["overall"]["p808"] == pytest.approx((2.0 + 4.5 + 5.0 + 4.2 + 11.0) / 5, abs=1e-3)
+    rows = [r.split("\t") for r in (tmp_path / "m.tsv").read_text().splitlines()]
+    assert rows[0][-1] == "mos" and float(rows[1][-1]) == pytest.approx(2.0, abs=1e-3)
     with pytest.raises(ValueError, match="per_speaker"):
         ground_truth_audit(cuts_paths=[test_cuts], voices={}, asr_backends={}, speaker_encoder=encoder,
                            out_json=tmp_path / "x.json", out_tsv=tmp_path / "x.tsv", per_speaker=0)

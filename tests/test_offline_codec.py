@@ -260,6 +260,25 @@ def test_semantic_decode_lengths_and_prompts(trained, corpus):
         codec.decode(codes, prompt=[None])
 
 
+def test_decoding_through_either_vocoder(trained, corpus):
+    """The same tokens give Griffin-Lim or HiFi-GAN audio (arnar.codec.offline.vocoder) of one
+    length and rate; the vocoder changes neither the tokens nor the codec's hash (token shards
+    written with one stay valid for the other)."""
+    out, _ = trained
+    clips = _clips(corpus[2], 1)
+    for stream, samples_per_frame in (("semantic", 640), ("rvq", 320)):
+        gl = load_codec("offline", model=out, stream=stream, gl_iters=4)
+        hg = load_codec("offline", model=out, stream=stream, vocoder="hifigan")
+        codes = gl.encode(clips, 16000)
+        np.testing.assert_array_equal(hg.encode(clips, 16000)[0], codes[0])
+        assert hg.config_hash() == gl.config_hash()
+        a, b = gl.decode(codes)[0], hg.decode(codes)[0]
+        assert a.shape == b.shape == (codes[0].shape[1] * samples_per_frame,)
+        assert b.dtype == np.float32 and np.all(np.isfinite(b)) and not np.allclose(a, b)
+    with pytest.raises(CodecError, match="unknown vocoder"):
+        load_codec("offline", model=out, vocoder="wavenet")
+
+
 # --------------------------------------------------------------------------- RVQ stream
 
 

@@ -192,19 +192,26 @@ def _backends(args: argparse.Namespace):
     return asr, load_speaker_encoder(args.sim)
 
 
+def _mos_predictor(args: argparse.Namespace):
+    """The ``--mos`` predictor, or None (``none``, or one that cannot run here: a warning says why
+    and the evaluation goes on without the column)."""
+    if args.mos == "none":
+        return None
+    from arnar.evaluate.mos import MosUnavailableError, load_mos_predictor
+
+    try:
+        return load_mos_predictor(args.mos, dnsmos_windows=args.mos_windows)
+    except MosUnavailableError as err:
+        log.warning("MOS not reported: %s", err)
+        return None
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from arnar.evaluate.run import evaluate_system, read_voice_groups
     from arnar.evaluate.testlists import read_testlist
 
     asr, encoder = _backends(args)
-    mos = None
-    if args.mos:
-        from arnar.evaluate.mos import MosUnavailableError, load_mos_predictor
-
-        try:
-            mos = load_mos_predictor()
-        except MosUnavailableError as err:
-            log.warning("MOS not reported: %s", err)
+    mos = _mos_predictor(args)
     voices = read_voice_groups(Path(args.corpus)) if args.corpus else None
     result = evaluate_system(
         system=args.system, task=args.task, system_dir=Path(args.system_dir),
@@ -223,7 +230,7 @@ def cmd_audit(args: argparse.Namespace) -> None:
     result = ground_truth_audit(
         cuts_paths=[Path(p) for p in args.cuts], voices=read_voices(Path(args.corpus)),
         asr_backends=asr, speaker_encoder=encoder, out_json=Path(args.out_json), out_tsv=Path(args.out_tsv),
-        per_speaker=args.per_speaker,
+        per_speaker=args.per_speaker, mos_predictor=_mos_predictor(args),
     )
     log.info("audit: %d utterances, %s", result["utterances"],
              {k: round(v["overall"]["wer_corpus"], 2) for k, v in result["asr"].items()})
@@ -357,6 +364,8 @@ def cmd_resynthesize(args: argparse.Namespace) -> None:
     from arnar.evaluate.testlists import read_testlist
 
     options = {"n_codebooks": args.n_codebooks} if args.n_codebooks else {}
+    if args.vocoder:
+        options["vocoder"] = args.vocoder
     codec = load_codec(args.codec, model=args.model, **options)
     # a decoder that takes the voice from prompt audio (the offline codec) gets the item's prompt
     takes_prompt_audio = "prompt_audio" in inspect.signature(codec.decode).parameters
@@ -370,7 +379,7 @@ def cmd_resynthesize(args: argparse.Namespace) -> None:
         audio = codec.decode([codes], **({"prompt_audio": [prompt]} if takes_prompt_audio else {}))[0]
         with atomic_path(out / f"{item.item_id}.wav") as tmp:
             sf.write(str(tmp), audio, codec.sample_rate, subtype="PCM_16", format="WAV")
-    log.info("resynthesized %d items with %s", len(items), args.codec)
+    log.info("resynthesized %d items with %s%s", len(items), args.codec, f" ({args.vocoder})" if args.vocoder else "")
 
 
 def cmd_ladder(args: argparse.Namespace) -> None:
@@ -474,7 +483,7 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
         if not Path(args.out).parent.is_dir():
             raise SynthesisInputError(f"--out {args.out}: no such folder {Path(args.out).parent}")
     synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.text_units,
-                        device=args.device, decoding=decoding, checkpoint=args.checkpoint,
+                        device=args.device, decoding=decoding, checkpoint=args.checkpoint, vocoder=args.vocoder,
                         silence_dbfs=SILENCE_DBFS if args.silence_dbfs is None else args.silence_dbfs)
     if args.testlist:
         synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed,
@@ -500,6 +509,26 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="'arnar <command> --help' gives a command's options.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_backends(p):
+        from arnar.evaluate.asr import ASR_BACKENDS
+        from arnar.evaluate.similarity import ENCODERS
+
+        p.add_argument("--asr", action="append", required=True, choices=ASR_BACKENDS)
+        p.add_argument("--sim", required=True, choices=ENCODERS)
+
+    def add_vocoder(p):
+        from arnar.codec.offline.vocoder import VOCODERS
+
+        p.add_argument("--vocoder", choices=VOCODERS, help="the offline codec's mel -> audio (default: griffin_lim)")
+
+    def add_mos(p):
+        from arnar.evaluate.mos import MOS_PREDICTORS
+
+        p.add_argument("--mos", default="none", choices=("none", *MOS_PREDICTORS),
+                       help="naturalness predictor: dnsmos (offline, from its wheel) | utmosv2 (where installed)")
+        p.add_argument("--mos-windows", default="first", choices=("first", "all"),
+                       help="DNSMOS: score each clip's first 9.01 s window, or every window 1 s apart")
 
     p = sub.add_parser("config", help="validate params.yaml and print the resolved profile")
     p.add_argument("--params", default="params.yaml")
@@ -664,6 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model")
     p.add_argument("--n-codebooks", type=int, help="decode the first N quantizers only (offline_rvq: 1 is "
                    "Chain-of-Details' decoding path)")
+    add_vocoder(p)
     p.add_argument("--testlist", required=True)
     p.add_argument("--targets", required=True, help="ground-truth system folder of the task")
     p.add_argument("--prompts", required=True)
@@ -704,6 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help="best (lowest dev loss; the default), final, last, or step_<N>")
     p.add_argument("--codec", required=True, help="the token set the run was trained on (offline, s3)")
     p.add_argument("--codec-model", help="folder of a trained codec (the offline codec)")
+    add_vocoder(p)
     p.add_argument("--text-units", required=True, help="the text units the run read (bpe.model or phonemes.json)")
     p.add_argument("--testlist", help="a frozen test list (TSV); with --prompts and --out (a folder)")
     p.add_argument("--prompts", help="folder of <item_id>.wav prompts")
@@ -752,13 +783,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True)
     p.set_defaults(func=cmd_task_audio)
 
-    def add_backends(p):
-        from arnar.evaluate.asr import ASR_BACKENDS
-        from arnar.evaluate.similarity import ENCODERS
-
-        p.add_argument("--asr", action="append", required=True, choices=ASR_BACKENDS)
-        p.add_argument("--sim", required=True, choices=ENCODERS)
-
     p = sub.add_parser("curve", help="learning curve: WER and SIM of each kept checkpoint",
                        description="A learning curve: each kept checkpoint of a run speaks a test list and is "
                        "judged (WER, SIM) beside its dev loss; curve.md and curve.json under --out.")
@@ -787,7 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True)
     add_backends(p)
     p.add_argument("--corpus", help="corpus folder: its speakers.tsv adds WER/SIM per voice and voice group")
-    p.add_argument("--mos", action="store_true", help="also predict naturalness (UTMOSv2) where installed")
+    add_mos(p)
     p.add_argument("--d-llm", type=float, default=0.025)
     p.add_argument("--out-json", required=True)
     p.add_argument("--out-tsv", required=True)
@@ -801,6 +825,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-speaker", type=int, default=None,
                    help="audit only the first N utterances (by id) of each speaker (default: all)")
     add_backends(p)
+    add_mos(p)
     p.add_argument("--out-json", required=True)
     p.add_argument("--out-tsv", required=True)
     p.set_defaults(func=cmd_audit)

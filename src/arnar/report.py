@@ -213,6 +213,7 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
             ]
             lines.append("| " + " | ".join(row) + " |")
         models = ", ".join(f"{n}: {first['asr'][n]['model']}{judge_fingerprint(first['asr'][n])}" for n in asr_names)
+        mos_note = mos_caption(results, task)
         once = [s for s, replicas in layout.comparison.items() if len(replicas) == 1]
         seeds_note = (f" Paradigm rows: mean ± standard deviation over {seeds} synthesis seeds (speed columns: mean)"
                       + (f"; {', '.join(f'`{s}`' for s in once)} spoke once: its decoding draws nothing from the "
@@ -223,9 +224,22 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
                  for group in ROW_NOTES if set(group) <= present]
         budget = budget_note([s for s, _ in rows], layout, summaries or {})
         lines += ["", f"{first['items']} items. ASR {models}; SIM {first['sim']['backend']} "
-                      f"({first['sim']['model']}), {first['sim']['reference']}.{seeds_note}",
+                      f"({first['sim']['model']}), {first['sim']['reference']}.{mos_note}{seeds_note}",
                   *([""] + notes if notes else []), *(["", budget] if budget else []), ""]
     return "\n".join(lines)
+
+
+MOS_TITLES = {"p808": "P.808", "sig": "P.835 SIG", "bak": "P.835 BAK", "ovrl": "P.835 OVRL", "mos": "MOS"}
+
+
+def mos_caption(results: dict[str, dict[str, dict]], task: str) -> str:
+    """`` MOS: dnsmos P.808 (model).``: what the MOS column holds, from the first row that has it."""
+    for tasks in results.values():
+        mos = (tasks.get(task) or {}).get("mos")
+        if mos:
+            title = MOS_TITLES.get(mos.get("headline", ""), mos.get("headline", "mean"))
+            return f" MOS: {mos['backend']} {title} ({mos.get('model', 'model not recorded')})."
+    return ""
 
 
 @dataclass(frozen=True)
@@ -298,12 +312,15 @@ def voice_group_table(results: dict[str, dict[str, dict]], layout: Layout | None
         return ""
     short = ASR_SHORT.get(asr_name, asr_name)
     lines = ["## Per voice group", "",
-             f"WER-{short} corpus (%) / SIM to the prompt per voice group and per test voice (mean ± sd over "
+             f"WER-{short} corpus (%) / SIM to the prompt / MOS (where measured) per voice group and per test voice (mean ± sd over "
              "synthesis seeds where a row has several). *seen voice*: a held-out speaker whose synthesizer "
              "voice a training speaker has (a pitch/tempo variant); *unseen voice*: a voice no training "
              "speaker uses.", ""]
+    has_mos = any((r.get(t) or {}).get("mos") for r in results.values() for t in TASKS)
+    mos_groups = groups if has_mos else []
     for task in TASKS:
-        header = ["System"] + [f"{g} WER" for g in groups] + [f"{g} SIM" for g in groups] + voices
+        header = (["System"] + [f"{g} WER" for g in groups] + [f"{g} SIM" for g in groups]
+                  + [f"{g} MOS" for g in mos_groups] + voices)
         lines += [f"### {TASK_TITLES[task]}", "", "| " + " | ".join(header) + " |",
                   "|" + "|".join("---" for _ in header) + "|"]
         for system, replicas in rows:
@@ -315,6 +332,7 @@ def voice_group_table(results: dict[str, dict[str, dict]], layout: Layout | None
             row += [cell(lambda r, g=g: ((r["asr"][asr_name].get("per_voice_group") or {}).get(g) or {}).get("wer_corpus"))
                     for g in groups]
             row += [cell(lambda r, g=g: (r["sim"].get("per_voice_group") or {}).get(g), 3) for g in groups]
+            row += [cell(lambda r, g=g: ((r.get("mos") or {}).get("per_voice_group") or {}).get(g)) for g in mos_groups]
             row += [cell(lambda r, v=v: ((r["asr"][asr_name].get("per_voice") or {}).get(v) or {}).get("wer_corpus"))
                     for v in voices]
             lines.append("| " + " | ".join(row) + " |")
@@ -642,6 +660,15 @@ def audit_table(audit: dict) -> str:
         for voice, s in list(asr["per_voice"].items()) + [("**overall**", asr["overall"])]:
             lines.append(f"| {voice} | {s['utterances']} | {_fmt(s['wer_utterance_mean'])} | {_fmt(s['wer_corpus'])} |")
         lines.append("")
+    mos = audit.get("mos")
+    if mos:
+        columns = list(mos["overall"])
+        lines += [f"### Naturalness of the recordings, {mos['backend']} ({mos['model']})", "",
+                  "| Voice | " + " | ".join(f"{MOS_TITLES.get(c, c)} ↑" for c in columns) + " |",
+                  "|---|" + "---|" * len(columns)]
+        for voice, values in list(mos["per_voice"].items()) + [("**overall**", mos["overall"])]:
+            lines.append(f"| {voice} | " + " | ".join(_fmt(values[c]) for c in columns) + " |")
+        lines.append("")
     sim = audit["sim"]
     lines += [f"### Speaker similarity, {sim['backend']} ({sim['model']})", "",
               "| Pairs | Same-speaker mean | Other mean | AUC ↑ | EER (%) ↓ | Same pairs | Other pairs |",
@@ -664,6 +691,9 @@ def metrics_summary(results: dict[str, dict[str, dict]], audit: dict) -> dict:
             entry = {f"wer_{n}_{conv}": round(v[f"wer_{conv}"], 3)
                      for n, v in r["asr"].items() for conv in ("utterance_mean", "corpus")}
             entry["sim"] = None if r["sim"]["mean"] is None else round(r["sim"]["mean"], 4)
+            for column in MOS_TITLES:
+                if (r.get("mos") or {}).get(column) is not None:
+                    entry[f"mos_{column}"] = round(r["mos"][column], 4)
             for key, value in (r.get("speed") or {}).items():
                 entry[key] = round(value, 4)
             summary.setdefault(system, {})[task] = entry
@@ -672,6 +702,7 @@ def metrics_summary(results: dict[str, dict[str, dict]], audit: dict) -> dict:
         **{f"wer_{n}_corpus": round(a["overall"]["wer_corpus"], 3) for n, a in audit["asr"].items()},
         "sim_auc": round(sep.get("auc", float("nan")), 4),
         "sim_eer": round(sep.get("eer", float("nan")), 4),
+        **{f"mos_{c}": round(v, 4) for c, v in ((audit.get("mos") or {}).get("overall") or {}).items()},
     }
     return summary
 

@@ -156,7 +156,8 @@ class Synthesizer:
     def __init__(self, run_dir: str | os.PathLike, *, codec: str, codec_model: str | None, bpe_model: str | os.PathLike,
                  device: str = "cpu", decoding: dict[str, Any] | None = None, checkpoint: str = "best",
                  max_text_tokens: int = MAX_TEXT_TOKENS, max_prompt_seconds: float = MAX_PROMPT_SECONDS,
-                 max_speech_seconds: float = MAX_SPEECH_SECONDS, silence_dbfs: float = SILENCE_DBFS):
+                 max_speech_seconds: float = MAX_SPEECH_SECONDS, silence_dbfs: float = SILENCE_DBFS,
+                 vocoder: str | None = None):
         from arnar.codec import load_codec
         from arnar.text import load_text_tokenizer
         from arnar.train import load_model
@@ -168,6 +169,8 @@ class Synthesizer:
         options = {"model": codec_model} if codec_model else {}
         if codec in MULTI_CODEBOOK:  # the paradigms generate the first quantizer; decode from it alone
             options["n_codebooks"] = 1
+        if vocoder:  # the offline codec's mel -> audio (arnar.codec.offline.vocoder); None: its default
+            options["vocoder"] = vocoder
         self.codec = load_codec(codec, **options)
         self.bpe = load_text_tokenizer(bpe_model)  # BPE pieces or phonemes: the text units the run read
         self.max_text_tokens, self.max_prompt_seconds = int(max_text_tokens), float(max_prompt_seconds)

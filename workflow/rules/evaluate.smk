@@ -16,7 +16,7 @@ ASR_ARGS = " ".join(f"--asr {name}" for name in EVAL["asr"])
 # The hub models (Whisper large-v3, HuBERT-Large, WavLM, UTMOSv2) want a GPU on a cluster
 # (resource `gpu`, which the SLURM executor turns into sbatch --gpus); pocketsphinx and
 # resemblyzer run on CPUs.
-EVAL_GPUS = int(bool({"whisper", "hubert"} & set(EVAL["asr"])) or EVAL["sim"] == "wavlm" or EVAL["mos"])
+EVAL_GPUS = int(bool({"whisper", "hubert"} & set(EVAL["asr"])) or EVAL["sim"] == "wavlm" or EVAL["mos"] == "utmosv2")
 
 
 
@@ -117,7 +117,7 @@ rule evaluate_system:
     params:
         asr=ASR_ARGS,
         sim=EVAL["sim"],
-        mos="--mos" if EVAL["mos"] else "",
+        mos=f"--mos {EVAL['mos']} --mos-windows {EVAL['mos_windows']}",
         d_llm=EVAL["d_llm"],
     resources:
         gpu=EVAL_GPUS,
@@ -145,6 +145,7 @@ rule ground_truth_audit:
         asr=ASR_ARGS,
         sim=EVAL["sim"],
         per_speaker=(f"--per-speaker {EVAL['audit_per_speaker']}" if EVAL.get("audit_per_speaker") else ""),
+        mos=f"--mos {EVAL['mos']} --mos-windows {EVAL['mos_windows']}",
     resources:
         gpu=EVAL_GPUS,
     log:
@@ -152,7 +153,7 @@ rule ground_truth_audit:
     conda:
         CORE_ENV
     shell:
-        "arnar audit {params.cuts} --corpus {input.corpus} {params.asr} --sim {params.sim} {params.per_speaker}"
+        "arnar audit {params.cuts} --corpus {input.corpus} {params.asr} --sim {params.sim} {params.per_speaker} {params.mos}"
         " --out-json {output.json} --out-tsv {output.tsv} 2> {log}"
 
 

@@ -149,7 +149,8 @@ def hydra_overrides(wildcards, input):
 def system_codec(wildcards, input):
     """The codec a system's tokens decode with (the acoustic stack: first quantizer only)."""
     token_set = run_token_set(PARADIGM_SYSTEMS[wildcards.system][0])
-    return f"--codec {token_set}" + (f" --codec-model {input.codec}" if input.codec else "")
+    return (f"--codec {token_set}" + (f" --codec-model {input.codec}" if input.codec else "")
+            + (f" --vocoder {CODEC['vocoder']}" if token_set.startswith("offline") else ""))
 
 
 def system_codec_model(wildcards):

@@ -63,28 +63,36 @@ rule tokenize:
         " --split {wildcards.split} --out {params.out} 2> {log}"
 
 
+def resynthesis_codec(row: str) -> str:
+    """The codec of a resynthesis row: offline_rvq_q1_hifigan -> offline_rvq."""
+    return row.removesuffix("_hifigan").removesuffix("_q1")
+
+
 rule resynthesize:
     """Test-list targets -> tokens -> audio, with the item's prompt for the voice."""
     input:
         testlist=f"{DATA}/eval/testlists/{{task}}.tsv",
         targets=f"{DATA}/systems/ground_truth/{{task}}",
         prompts=f"{DATA}/eval/prompts/{{task}}",
-        model=lambda wildcards: codec_model(wildcards.codec.removesuffix("_q1")),
+        model=lambda wildcards: codec_model(resynthesis_codec(wildcards.codec)),
     output:
         system=directory(f"{DATA}/systems/resynth_{{codec}}/{{task}}"),
     params:
         model=lambda wildcards, input: f"--model {input.model}" if input.model else "",
-        # offline_rvq_q1: the RVQ stack's first quantizer alone, the decoding path of Chain-of-Details
-        codec=lambda wildcards: wildcards.codec.removesuffix("_q1"),
-        n_codebooks=lambda wildcards: "--n-codebooks 1" if wildcards.codec.endswith("_q1") else "",
+        # offline_rvq_q1: the RVQ stack's first quantizer alone, the decoding path of Chain-of-Details;
+        # <codec>_hifigan: the same tokens turned into audio by HiFi-GAN instead of Griffin-Lim
+        codec=lambda wildcards: resynthesis_codec(wildcards.codec),
+        n_codebooks=lambda wildcards: "--n-codebooks 1" if wildcards.codec.removesuffix("_hifigan").endswith("_q1") else "",
+        vocoder=lambda wildcards: "--vocoder hifigan" if wildcards.codec.endswith("_hifigan") else "",
     wildcard_constraints:
-        codec="offline|offline_rvq|offline_rvq_q1|dac",
+        codec="offline|offline_rvq|offline_rvq_q1|dac|offline_hifigan|offline_rvq_hifigan|offline_rvq_q1_hifigan",
     log:
         f"{LOGS}/resynthesize_{{codec}}_{{task}}.log",
     conda:
         CORE_ENV
     shell:
-        "arnar resynthesize --codec {params.codec} {params.model} {params.n_codebooks} --testlist {input.testlist}"
+        "arnar resynthesize --codec {params.codec} {params.model} {params.n_codebooks} {params.vocoder}"
+        " --testlist {input.testlist}"
         " --targets {input.targets} --prompts {input.prompts} --out {output.system} 2> {log}"
 
 

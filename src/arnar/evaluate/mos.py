@@ -1,6 +1,19 @@
-"""Optional naturalness MOS prediction with UTMOSv2 (reported in SyncSpeech Tables 2-4).
+"""Naturalness MOS predictors: DNSMOS (offline, the default) and UTMOSv2 (paper scale).
 
-UTMOSv2 (sarulab-speech/UTMOSv2) is not on PyPI: it installs from its git repository, and its
+**DNSMOS** (Reddy et al., ICASSP 2022, arXiv:2110.01763; P.835 SIG/BAK/OVRL and the P.808 MOS)
+runs from the ``speechmos`` wheel, which ships the ONNX models and the reference feature and
+polynomial-mapping code: :class:`DnsmosPredictor` builds its two ONNX Runtime sessions with one
+thread each (evaluation jobs run side by side on two cores; one thread also makes the scores the
+same on every run) and otherwise calls the package's ``DNSMOS`` scorer per clip: 16 kHz, clips
+shorter than its 9.01 s window repeated to fill it. ``windows="all"`` is the package's (and the
+reference script's) reading: the repeated clip is scored in every 9.01 s window 1 s apart and the
+scores averaged, so a 4 s clip, repeated to 16 s, costs 7 windows of cyclic shifts of itself;
+``windows="first"`` (the default here) scores the first window only, one per clip of the test
+lists (2-10 s): the P.835 network costs ~0.2 s a window on one thread, and the default run scores
+~1000 clips. The headline column is P.808; SIG (speech), BAK (background) and OVRL (overall,
+P.835) are kept beside it.
+
+**UTMOSv2** (reported in SyncSpeech Tables 2-4): UTMOSv2 (sarulab-speech/UTMOSv2) is not on PyPI: it installs from its git repository, and its
 pretrained weights (plus the wav2vec 2.0 and EfficientNetV2 backbones it is built on) download
 from the Hugging Face hub on first use. Where it is missing, :func:`mos_available` says why and
 :func:`load_mos_predictor` raises :class:`MosUnavailableError`; the rest of evaluation runs
@@ -25,8 +38,10 @@ import numpy as np
 
 from arnar.evaluate.audio import resample
 
-__all__ = ["INSTALL_HINT", "MosUnavailableError", "UTMOSv2Predictor", "load_mos_predictor",
-           "mos_available"]
+__all__ = ["DnsmosPredictor", "INSTALL_HINT", "MOS_PREDICTORS", "MosUnavailableError", "UTMOSv2Predictor",
+           "load_mos_predictor", "mos_available"]
+
+MOS_PREDICTORS = ("dnsmos", "utmosv2")
 
 INSTALL_HINT = (
     "pip install git+https://github.com/sarulab-speech/UTMOSv2.git (not on PyPI; needs network, "
@@ -90,12 +105,80 @@ class UTMOSv2Predictor:
             scores.append(self._predict_one(resample(x, int(sample_rate), self.sample_rate)))
         return np.asarray(scores, dtype=np.float32)
 
+    def score(self, audio: Sequence[np.ndarray], sample_rate: int) -> dict[str, np.ndarray]:
+        """``{"mos": [N]}``: UTMOSv2 has one score (the shape :meth:`DnsmosPredictor.score` has)."""
+        return {"mos": self.predict(audio, sample_rate)}
 
-def load_mos_predictor(name: str = "utmosv2", device: str = "cpu") -> UTMOSv2Predictor:
-    """The MOS predictor ``name`` (only ``"utmosv2"``); raises :class:`MosUnavailableError` with
-    the reason and install instruction when it cannot be used here."""
-    if name.strip().lower() != "utmosv2":
-        raise ValueError(f"unknown MOS predictor {name!r}; only 'utmosv2' is supported")
+
+class DnsmosPredictor:
+    """DNSMOS from the ``speechmos`` wheel: per clip P.808 MOS (the headline) and P.835 SIG, BAK,
+    OVRL, all on a 1-5 scale."""
+
+    name = "dnsmos"
+    sample_rate = 16000  # DNSMOS's only rate
+    columns = ("p808", "sig", "bak", "ovrl")
+    window_seconds = 9.01  # the networks' input length (speechmos.dnsmos.INPUT_LENGTH)
+
+    def __init__(self, threads: int = 1, windows: str = "first"):
+        if windows not in ("first", "all"):
+            raise ValueError(f"DNSMOS windows must be 'first' or 'all', got {windows!r}")
+        self.windows = windows
+        try:
+            import onnxruntime as ort
+            from speechmos import dnsmos
+        except Exception as err:  # not installed, or a dependency failing at import time
+            raise MosUnavailableError(f"DNSMOS needs the speechmos package ({type(err).__name__}: {err}); "
+                                      "it is in requirements-nodeps.lock (scripts/setup.sh installs it)") from err
+        from importlib.metadata import version
+        from pathlib import Path
+
+        models = Path(dnsmos.__file__).parent / "dnsmos_models"
+        primary, p808 = models / "sig_bak_ovr.onnx", models / "model_v8.onnx"
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = int(threads)
+        # the package's scorer, with sessions built here (its own constructor takes no options)
+        scorer = dnsmos.DNSMOS.__new__(dnsmos.DNSMOS)
+        scorer.primary_model_path = str(primary)
+        scorer.onnx_sess = ort.InferenceSession(str(primary), options, providers=["CPUExecutionProvider"])
+        scorer.p808_onnx_sess = ort.InferenceSession(str(p808), options, providers=["CPUExecutionProvider"])
+        self._scorer = scorer
+        self.model_id = (f"speechmos=={version('speechmos')}:dnsmos ({primary.name} + {p808.name}, "
+                         f"{windows} window{'s' if windows == 'all' else ''})")
+
+    def score(self, audio: Sequence[np.ndarray], sample_rate: int) -> dict[str, np.ndarray]:
+        """``{"p808", "sig", "bak", "ovrl"}`` -> ``[N]`` float32 scores of mono clips at ``sample_rate``.
+        Samples beyond [-1, 1] (a decoder may overshoot) are clipped first: the scorer refuses them."""
+        out = {c: [] for c in self.columns}
+        for i, x in enumerate(audio):
+            x = np.asarray(x, dtype=np.float32)
+            if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
+                raise ValueError(f"audio[{i}]: need non-empty, finite mono 1-D audio")
+            x = np.clip(resample(x, int(sample_rate), self.sample_rate), -1.0, 1.0)
+            if not np.any(x):
+                raise ValueError(f"audio[{i}]: silent (all zeros); DNSMOS has no score for it")
+            if self.windows == "first":
+                # repeated as the scorer would, then cut to one window: its loop then scores one
+                n = int(self.window_seconds * self.sample_rate)
+                x = np.tile(x, -(-n // x.size))[:n]
+            result = self._scorer(x, self.sample_rate, False)
+            for c in self.columns:
+                out[c].append(float(result[f"{c}_mos"]))
+        return {c: np.asarray(v, dtype=np.float32) for c, v in out.items()}
+
+    def predict(self, audio: Sequence[np.ndarray], sample_rate: int) -> np.ndarray:
+        """P.808 MOS ``[N]`` (float32)."""
+        return self.score(audio, sample_rate)["p808"]
+
+
+def load_mos_predictor(name: str = "utmosv2", device: str = "cpu",
+                       dnsmos_windows: str = "first") -> UTMOSv2Predictor | DnsmosPredictor:
+    """The MOS predictor ``name`` (one of :data:`MOS_PREDICTORS`); raises
+    :class:`MosUnavailableError` with the reason and install instruction when it cannot be used here."""
+    name = name.strip().lower()
+    if name == "dnsmos":
+        return DnsmosPredictor(windows=dnsmos_windows)
+    if name != "utmosv2":
+        raise ValueError(f"unknown MOS predictor {name!r}; known: {', '.join(MOS_PREDICTORS)}")
     ok, reason = mos_available()
     if not ok:
         raise MosUnavailableError(reason)

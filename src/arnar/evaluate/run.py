@@ -182,12 +182,8 @@ def evaluate_system(
                 sim_failed.append(item.item_id)
                 log.warning("%s/%s: no SIM for %s: %s", system, task, item.item_id, err)
 
-    mos = {}
-    if mos_predictor is not None and present:
-        from arnar.evaluate.audio import load_mono
-
-        scores = mos_predictor.predict([load_mono(p, 16000)[0] for p in paths], 16000)
-        mos = dict(zip((i.item_id for i in present), (float(s) for s in scores)))
+    mos_scores = _mos_scores(mos_predictor, paths)
+    mos = dict(zip((i.item_id for i in present), mos_scores[next(iter(mos_scores))])) if mos_scores else {}
 
     durations = {i.item_id: sf.info(str(system_dir / f"{i.item_id}.wav")).duration for i in present}
     groups = _item_groups(items, voices or {})
@@ -217,15 +213,22 @@ def evaluate_system(
             **{kind: {g: _mean([sims.get(items[i].item_id) for i in ix]) for g, ix in members.items()}
                for kind, members in groups.items()},
         },
-        "mos": {"backend": mos_predictor.name, "mean": float(np.mean(list(mos.values())))} if mos else None,
+        "mos": {"backend": mos_predictor.name, "model": mos_predictor.model_id, "headline": next(iter(mos_scores)),
+                "mean": float(np.mean(list(mos.values()))),
+                **{column: float(np.mean(values)) for column, values in mos_scores.items()},
+                **{kind: {g: _mean([mos.get(items[i].item_id) for i in ix]) for g, ix in members.items()}
+                   for kind, members in groups.items()}} if mos else None,
         "speed": speed_summary(_read_timing(system_dir), durations, d_llm),
         "audio_seconds": round(sum(durations.values()), 3),
     }
-    header = ["item_id", "speaker", "duration", "sim"] + [c for n in asr_backends for c in (f"hyp_{n}", f"wer_{n}")]
+    header = (["item_id", "speaker", "duration", "sim"] + (["mos"] if mos else [])
+              + [c for n in asr_backends for c in (f"hyp_{n}", f"wer_{n}")])
     rows = []
     for index, item in enumerate(items):
         row = [item.item_id, item.speaker, round(durations.get(item.item_id, 0.0), 3),
                round(float(sims[item.item_id]), 4) if item.item_id in sims else ""]
+        if mos:
+            row.append(round(mos[item.item_id], 4) if item.item_id in mos else "")
         for name in asr_backends:
             row += [hypotheses[name][index], round(errors[name][index].wer, 4)]
         rows.append(row)
@@ -271,6 +274,18 @@ def _item_groups(items: Sequence[TestItem], voices: dict[str, tuple[str, str]]) 
         by_voice[voice].append(index)
         by_group[group].append(index)
     return {"per_voice": dict(sorted(by_voice.items())), "per_voice_group": dict(sorted(by_group.items()))}
+
+
+def _mos_scores(predictor, paths: Sequence[Path]) -> dict[str, list[float]]:
+    """Each clip's naturalness scores, column -> list in ``paths`` order (the predictor's headline
+    column first); empty without a predictor or clips. Audio is read at the predictor's rate."""
+    if predictor is None or not paths:
+        return {}
+    from arnar.evaluate.audio import load_mono
+
+    rate = predictor.sample_rate
+    scores = predictor.score([load_mono(p, rate)[0] for p in paths], rate)
+    return {column: [float(v) for v in values] for column, values in scores.items()}
 
 
 def _mean(values) -> float | None:
@@ -319,6 +334,7 @@ def ground_truth_audit(
     out_json: Path,
     out_tsv: Path,
     per_speaker: int | None = None,
+    mos_predictor=None,
 ) -> dict:
     """WER of the recordings themselves per voice / speaker / overall, and whether the speaker
     encoder separates same-speaker from different-speaker pairs. ``per_speaker``: audit only the
@@ -366,6 +382,21 @@ def ground_truth_audit(
         for row, hyp, err in zip(rows, hyps, errs):
             row += [hyp, round(err.wer, 4)]
 
+    mos = None
+    mos_scores = _mos_scores(mos_predictor, paths)
+    if mos_scores:
+        # the recordings' naturalness per voice: the ceiling every generated row is read against
+        headline = next(iter(mos_scores))
+        by_voice = defaultdict(list)
+        for index, speaker in enumerate(speakers):
+            by_voice[voices.get(speaker, speaker)].append(index)
+        mos = {"backend": mos_predictor.name, "model": mos_predictor.model_id, "headline": headline,
+               "overall": {c: float(np.mean(v)) for c, v in mos_scores.items()},
+               "per_voice": {v: {c: float(np.mean([mos_scores[c][i] for i in ix])) for c in mos_scores}
+                             for v, ix in sorted(by_voice.items())}}
+        for row, value in zip(rows, mos_scores[headline]):
+            row.append(round(value, 4))
+
     embeddings = embed_files(speaker_encoder, paths)
     scores = embeddings @ embeddings.T  # rows are L2-normalised: this is the cosine
     same, other_voice, same_voice_other_speaker = [], [], []
@@ -402,8 +433,10 @@ def ground_truth_audit(
         "voices": sorted(set(voices[s] for s in speakers)) if voices else [],
         "asr": asr,
         "sim": sim,
+        "mos": mos,
     }
-    header = ["utt_id", "speaker", "voice", "duration"] + [c for n in asr_backends for c in (f"hyp_{n}", f"wer_{n}")]
+    header = (["utt_id", "speaker", "voice", "duration"] + [c for n in asr_backends for c in (f"hyp_{n}", f"wer_{n}")]
+              + (["mos"] if mos else []))
     _atomic_tsv(out_tsv, header, rows)
     _atomic_json(out_json, result)
     return result

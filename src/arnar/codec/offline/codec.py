@@ -1,7 +1,8 @@
 """The trained offline codec as a :class:`~arnar.codec.base.Codec`: :class:`OfflineCodec` reads a
 model folder written by :func:`~arnar.codec.offline.train.train_offline_codec` and serves its
 semantic stream (phone encoder, nearest centroid; tokens -> token decoder -> mel) or its RVQ stream
-(residual nearest centroids; summed code vectors -> mel), both decoded with Griffin-Lim; the
+(residual nearest centroids; summed code vectors -> mel), both turned into audio by a vocoder
+(:mod:`~arnar.codec.offline.vocoder`: Griffin-Lim, or HiFi-GAN with ``vocoder="hifigan"``); the
 loaders ``offline`` and ``offline_rvq`` are registered with :func:`~arnar.codec.base.load_codec`
 when this module is imported (the package imports it)."""
 
@@ -27,10 +28,10 @@ from arnar.codec.offline.features import (
     _speaker_stats,
     _torch,
     log_mel,
-    mel_to_audio,
 )
 from arnar.codec.offline.kmeans import _assign
 from arnar.codec.offline.nets import _frontend, _make_decoder, _make_encoder
+from arnar.codec.offline.vocoder import VOCODERS, load_vocoder
 
 
 class OfflineCodec:
@@ -47,7 +48,8 @@ class OfflineCodec:
     package = "arnar"
 
     def __init__(self, model: str | os.PathLike, *, stream: str = "semantic", n_codebooks: int | None = None,
-                 gl_iters: int | None = None, device: str = "cpu", threads: int | None = None):
+                 gl_iters: int | None = None, vocoder: str = "griffin_lim", device: str = "cpu",
+                 threads: int | None = None):
         torch = _torch()
         folder = Path(model)
         if not (folder / CONFIG).is_file() or not (folder / WEIGHTS).is_file():
@@ -68,6 +70,10 @@ class OfflineCodec:
         self.device = torch.device(device)
         self.threads = threads
         self.gl_iters = int(gl_iters if gl_iters is not None else cfg.get("gl_iters", 32))
+        if vocoder not in VOCODERS:
+            raise CodecError(f"unknown vocoder {vocoder!r}; known: {', '.join(VOCODERS)}")
+        self.vocoder = vocoder
+        self._vocode = None  # loaded on the first decode (HiFi-GAN's weights are 56 MB)
         self._encoder_inputs = _frontend(dict(cfg), threads) if stream == "semantic" else None
 
         def sub(prefix):
@@ -254,8 +260,10 @@ class OfflineCodec:
         per item a mono clip of the speaker (at ``prompt_sample_rate``) or None; semantic stream
         only (see the package docstring, :mod:`arnar.codec.offline`)."""
         mels = self.decode_mel(codes, prompt, prompt_audio=prompt_audio, prompt_sample_rate=prompt_sample_rate)
+        if self._vocode is None:
+            self._vocode = load_vocoder(self.vocoder, gl_iters=self.gl_iters, device=str(self.device))
         with self._threads():
-            return [mel_to_audio(m, self.gl_iters) if m.shape[0] else np.zeros(0, np.float32) for m in mels]
+            return [self._vocode(m) if m.shape[0] else np.zeros(0, np.float32) for m in mels]
 
 
 @register_codec("offline")
