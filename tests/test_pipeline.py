@@ -123,7 +123,10 @@ def test_paradigms_train_and_speak_every_item(smoke):
         for task in ("continuation", "cross_sentence") if system not in CROSS_ONLY else ("cross_sentence",):
             folder = smoke / f"data/smoke/systems/{system}/{task}"
             timing = [json.loads(line) for line in (folder / "timing.jsonl").read_text().splitlines()]
-            assert len(timing) == 6 and len(list(folder.glob("*.wav"))) == 6
+            batched = [json.loads(line) for line in (folder / "batched.jsonl").read_text().splitlines()]
+            # smoke decodes in batches of 4 and times 3 of its 6 items alone (timing_items)
+            assert len(timing) == 3 and len(batched) == 3 and len(list(folder.glob("*.wav"))) == 6
+            assert all(r["batch_size"] == 3 for r in batched) and not any("batch_size" in r for r in timing)
             for record in timing:
                 assert record["fpl_a"] > 0 and record["forward_passes"] >= 1
                 if system == "nar":

@@ -459,3 +459,48 @@ def test_plots_redraw_from_the_committed_metrics(tmp_path):
     drawn = plots_from_metrics(tmp_path / "metrics.json", layout, ["pocketsphinx"], tmp_path / "plots")
     assert drawn == ["systems.png", "wer_vs_rtf.png"]
     assert all((tmp_path / "plots" / name).stat().st_size > 5000 for name in drawn)
+
+
+def test_naturalness_and_timed_items_reach_the_tables():
+    """DNSMOS in an evaluation: the MOS column (P.808, mean ± sd over seeds), the caption naming
+    the predictor, a MOS column per voice group, metrics.json's mos_* keys; the audit's table per
+    voice; and a caption saying how many items timed the speed columns when not all were."""
+    from arnar.report import audit_table, metrics_summary, voice_group_table
+
+    def with_mos(p808, rtf=None, timed=None):
+        r = result(wer=10.0, rtf=rtf, fpl_l=None if rtf is None else 0.2, passes=None if rtf is None else 9)
+        r["mos"] = {"backend": "dnsmos", "model": "speechmos==0.0.1.1:dnsmos (x)", "headline": "p808",
+                    "mean": p808, "p808": p808, "sig": 3.0, "bak": 4.0, "ovrl": 2.5,
+                    "per_voice_group": {"unseen voice": p808 - 0.5}}
+        r["asr"]["pocketsphinx"]["per_voice_group"] = {"unseen voice": {"wer_corpus": 12.0}}
+        r["sim"]["per_voice_group"] = {"unseen voice": 0.8}
+        if timed is not None:
+            r["speed"]["items_timed"] = timed
+        return {"continuation": r, "cross_sentence": r}
+
+    results = {"ground_truth": with_mos(3.8), "ar": with_mos(3.0, rtf=0.1, timed=2),
+               "ar_seed2": with_mos(3.4, rtf=0.1, timed=2)}
+    layout = Layout(references=["ground_truth"], comparison={"ar": ["ar", "ar_seed2"]}, runs={"ar": "ar"})
+    table = comparison_table(results, layout)
+    assert "| ar | – | 10.00 ± 0.00 | 10.00 ± 0.00 | 0.900 ± 0.000 | 3.20 ± 0.28 | 0.100 |" in table  # sd of 3.0, 3.4
+    assert "MOS: dnsmos P.808 (speechmos==0.0.1.1:dnsmos (x))." in table
+    assert "the 2 of 6 items of each list decoded alone (batch 1)" in table
+    groups = voice_group_table(results, layout)
+    assert "| System | unseen voice WER | unseen voice SIM | unseen voice MOS |" in groups
+    assert "| ar | 12.00 ± 0.00 | 0.800 ± 0.000 | 2.70 ± 0.28 |" in groups
+    audit = {"utterances": 2, "speakers": 2, "asr": {}, "sim": {"backend": "r", "model": "r"},
+             "mos": {"backend": "dnsmos", "model": "m", "headline": "p808",
+                     "overall": {"p808": 3.75, "ovrl": 3.0}, "per_voice": {"slt": {"p808": 3.5, "ovrl": 2.9},
+                                                                          "rms": {"p808": 4.0, "ovrl": 3.1}}}}
+    text = audit_table(audit)
+    assert "| Voice | P.808 ↑ | P.835 OVRL ↑ |" in text and "| rms | 4.00 | 3.10 |" in text
+    assert "| **overall** | 3.75 | 3.00 |" in text
+    audit["sim"]["same_vs_different_speaker"] = None
+    summary = metrics_summary(results, audit)
+    assert summary["ar"]["cross_sentence"]["mos_p808"] == 3.0 and summary["ar"]["cross_sentence"]["mos_ovrl"] == 2.5
+    assert summary["ground_truth_audit"]["mos_p808"] == 3.75
+    # every item timed (batch 1): no caption about it
+    plain = {"ar": {"continuation": result(wer=10.0, rtf=0.1), "cross_sentence": result(wer=10.0, rtf=0.1)}}
+    for r in plain["ar"].values():
+        r["speed"]["items_timed"] = 6
+    assert "decoded alone" not in comparison_table(plain, Layout(references=[], comparison={"ar": ["ar"]}))

@@ -405,7 +405,9 @@ def test_testlist_synthesis_checks_each_item_as_arnar_synthesize_does(synth, bui
 
 def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp_path):
     """--batch-size 3 over 4 items (a full batch and a remainder, both tasks): the same audio as
-    one item at a time, each record marked with its batch (AR, and SyncSpeech's streams); a
+    one item at a time, each record marked with its batch (AR, and SyncSpeech's streams); with
+    --timing-items 2, items 0 and 2 (floor(i 4 / 2)) are decoded alone and are all timing.jsonl
+    holds, the other two are one batch of 2 in batched.jsonl, and the audio is still batch 1's; a
     paradigm with no batched decoding is refused in one line."""
     prompts = tmp_path / "prompts"
     prompts.mkdir()
@@ -429,9 +431,27 @@ def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp
             one, _ = sf.read(str(tmp_path / f"{name}_one" / f"{item.item_id}.wav"))
             batched, _ = sf.read(str(tmp_path / f"{name}_batch" / f"{item.item_id}.wav"))
             assert np.array_equal(one, batched), (name, item.item_id)
-    records = [json.loads(line) for line in (tmp_path / "ar_batch" / "timing.jsonl").read_text().splitlines()]
-    assert [r["batch_size"] for r in records] == [3, 3, 3, 1]
+    def lines(folder, name):
+        return [json.loads(line) for line in (tmp_path / folder / name).read_text().splitlines()]
+
+    assert lines("ar_batch", "timing.jsonl") == []  # nothing decoded alone: no speed figures
+    assert [r["batch_size"] for r in lines("ar_batch", "batched.jsonl")] == [3, 3, 3, 1]
     assert "batch_size" not in (tmp_path / "ar_one" / "timing.jsonl").read_text()
+    assert not (tmp_path / "ar_one" / "batched.jsonl").exists() and len(lines("ar_one", "timing.jsonl")) == 4
+    summary = synthesize_testlist(synth, testlist, prompts, tmp_path / "ar_timed", seed=5, progress=False,
+                                  batch_size=3, timing_items=2)
+    assert summary["items"] == 4 and summary["timed"] == 2
+    timed = lines("ar_timed", "timing.jsonl")
+    assert [r["item_id"] for r in timed] == [items[0].item_id, items[2].item_id]
+    assert all("batch_size" not in r for r in timed)
+    assert [(r["item_id"], r["batch_size"]) for r in lines("ar_timed", "batched.jsonl")] == [
+        (items[1].item_id, 2), (items[3].item_id, 2)]
+    for item in items:
+        one, _ = sf.read(str(tmp_path / "ar_one" / f"{item.item_id}.wav"))
+        assert np.array_equal(one, sf.read(str(tmp_path / "ar_timed" / f"{item.item_id}.wav"))[0]), item.item_id
+    with pytest.raises(SynthesisInputError, match="timing-items"):
+        synthesize_testlist(synth, testlist, prompts, tmp_path / "bad", seed=5, progress=False, batch_size=2,
+                            timing_items=-1)
     sync.model.generate_batch = None  # a paradigm without batched decoding (every one in src has it now)
     with pytest.raises(SynthesisInputError) as err:
         synthesize_testlist(sync, testlist, prompts, tmp_path / "sync", seed=5, progress=False, batch_size=2)
@@ -796,3 +816,13 @@ def test_stdin_text_is_cut_off_at_the_limit_as_it_arrives():
         next(tokens)
     assert pulled == list(range(8))
     assert list(at_most(iter([1, 2]), 2)) == [1, 2]
+
+
+def test_timed_positions_spread_over_the_list():
+    """floor(i n / k): 20 items, 8 timed -> 0, 2, 5, 7, 10, 12, 15, 17; k >= n times all; 0 none."""
+    from arnar.synthesize import timed_positions
+
+    assert timed_positions(20, 8) == [0, 2, 5, 7, 10, 12, 15, 17]
+    assert timed_positions(4, 2) == [0, 2]
+    assert timed_positions(3, 5) == [0, 1, 2]
+    assert timed_positions(6, 0) == [] and timed_positions(0, 3) == []

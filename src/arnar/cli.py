@@ -488,7 +488,7 @@ def cmd_synthesize(args: argparse.Namespace) -> None:
     if args.testlist:
         synthesize_testlist(synth, args.testlist, args.prompts, args.out, seed=args.seed,
                             ground_truth_duration=bool(target_duration), prompt_alignments=args.prompt_alignments,
-                            batch_size=args.batch_size)
+                            batch_size=args.batch_size, timing_items=args.timing_items)
         return
     synth.text_ids(args.text, "--text")  # the text's errors before the prompt is read
     synth.text_ids(args.prompt_text, "--prompt-text")
@@ -742,7 +742,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(data/<profile>/align/<aligner>/test.jsonl); SyncSpeech's prompt a_n come from it, else uniform")
     p.add_argument("--batch-size", type=int, default=1,
                    help="with --testlist: decode this many items per forward pass (every paradigm's generate_batch); "
-                   "the same codes, but each record times the batch, so keep 1 for RTF and FPL (default 1)")
+                   "the same codes and audio; only --timing-items of them are decoded alone and timed (default 1: all)")
+    p.add_argument("--timing-items", type=int, default=0,
+                   help="with --batch-size > 1: decode this many items (spread over the list) alone, for "
+                   "timing.jsonl's batch-1 speed figures (default 0: none)")
     p.add_argument("--text", help="one sentence to speak (instead of --testlist)")
     p.add_argument("--prompt-wav", help="prompt recording for --text")
     p.add_argument("--prompt-text", help="transcript of --prompt-wav")

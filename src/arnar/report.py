@@ -213,7 +213,7 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
             ]
             lines.append("| " + " | ".join(row) + " |")
         models = ", ".join(f"{n}: {first['asr'][n]['model']}{judge_fingerprint(first['asr'][n])}" for n in asr_names)
-        mos_note = mos_caption(results, task)
+        mos_note = mos_caption(results, task) + timing_caption(results, task)
         once = [s for s, replicas in layout.comparison.items() if len(replicas) == 1]
         seeds_note = (f" Paradigm rows: mean ± standard deviation over {seeds} synthesis seeds (speed columns: mean)"
                       + (f"; {', '.join(f'`{s}`' for s in once)} spoke once: its decoding draws nothing from the "
@@ -230,6 +230,19 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
 
 
 MOS_TITLES = {"p808": "P.808", "sig": "P.835 SIG", "bak": "P.835 BAK", "ovrl": "P.835 OVRL", "mos": "MOS"}
+
+
+def timing_caption(results: dict[str, dict[str, dict]], task: str) -> str:
+    """`` Speed columns: the 8 of 20 items decoded alone (batch 1) ...``: how many items timed the
+    speed columns, where the rest were decoded in batches (evaluation.timing_items)."""
+    counts = {(r[task]["speed"]["items_timed"], r[task]["items"]) for r in results.values()
+              if "items_timed" in ((r.get(task) or {}).get("speed") or {})}
+    if not counts or all(timed == items for timed, items in counts):
+        return ""
+    timed = ", ".join(sorted({str(t) for t, _ in counts}, key=int))
+    items = ", ".join(sorted({str(n) for _, n in counts}, key=int))
+    return (f" Speed columns (RTF, FPL, passes): the {timed} of {items} items of each list decoded alone (batch 1); "
+            "the rest were decoded in batches for the other columns (the same audio).")
 
 
 def mos_caption(results: dict[str, dict[str, dict]], task: str) -> str:

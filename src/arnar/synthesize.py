@@ -465,12 +465,16 @@ def prompt_clip_words(words: list, prompt_text: str, start: float, end: float) -
 def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
                         out_dir: str | os.PathLike, *, seed: int, progress: bool = True,
                         ground_truth_duration: bool = False,
-                        prompt_alignments: str | os.PathLike | None = None, batch_size: int = 1) -> dict[str, Any]:
+                        prompt_alignments: str | os.PathLike | None = None, batch_size: int = 1,
+                        timing_items: int | None = None) -> dict[str, Any]:
     """Every item of a frozen test list -> ``out_dir/<item_id>.wav`` + ``out_dir/timing.jsonl``.
 
-    ``batch_size`` > 1: items are decoded that many at a time through the paradigm's
-    ``generate_batch`` (:meth:`Synthesizer.synthesize_batch`: the same codes, the batch's time in
-    each record); 1, the default, times every item alone, as the papers' RTF and FPL are.
+    ``batch_size`` 1, the default, decodes and times every item alone, as the papers' RTF and FPL
+    are. ``batch_size`` > 1 decodes the items that many at a time through the paradigm's
+    ``generate_batch`` (:meth:`Synthesizer.synthesize_batch`: the same codes, so the same audio),
+    except ``timing_items`` of them (:func:`timed_positions`: spread evenly over the list), which
+    are decoded alone: ``timing.jsonl`` holds only those batch-1 records, the speed figures the
+    evaluation reads, and ``batched.jsonl`` the others' (their time is their batch's).
 
     ``ground_truth_duration``: generate as many frames as the recording lasts (for continuation,
     the part after the prompt), the "GT duration" setting of PALLE (arXiv:2504.10352) Table 1 and the base of its
@@ -493,7 +497,12 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
     if batch_size > 1 and getattr(synth.model, "generate_batch", None) is None:
         raise SynthesisInputError(f"--batch-size {batch_size}: {synth.run_dir} has no batched decoding "
                                   f"(generate_batch); use --batch-size 1")
-    records = []
+    if timing_items is not None and timing_items < 0:
+        raise SynthesisInputError(f"--timing-items must be >= 0, got {timing_items}")
+    # positions decoded alone, for the speed figures: all of them at batch 1
+    timed = (set(range(len(items))) if batch_size == 1
+             else set(timed_positions(len(items), timing_items or 0)))
+    records: dict[str, dict[str, Any]] = {}
     pending: list[tuple[Any, np.ndarray, SynthesisJob]] = []
 
     def write(item, prompt: np.ndarray, audio: np.ndarray, record: dict[str, Any]) -> None:
@@ -502,7 +511,7 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
         tmp = out / f".tmp.{item.item_id}.wav"
         sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
         os.replace(tmp, out / f"{item.item_id}.wav")
-        records.append({"item_id": item.item_id, **record})
+        records[item.item_id] = {"item_id": item.item_id, **record}
 
     def flush() -> None:
         results = synth.synthesize_batch([job for _, _, job in pending],
@@ -511,7 +520,9 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
             write(item, prompt, audio, record)
         pending.clear()
 
-    for item in tqdm(items, desc=f"synthesize {out.parent.name}/{out.name}", disable=not progress, unit="item"):
+    for position, item in enumerate(tqdm(items, desc=f"synthesize {out.parent.name}/{out.name}",
+                                         disable=not progress, unit="item")):
+        alone = position in timed
         continuing = item.task == "continuation"
         text = continuation_text(item.target_text, item.prompt_text) if continuing else item.target_text
         if not text.strip():
@@ -531,7 +542,7 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
             elif prompt_alignments is not None:
                 log.warning("item %s: prompt %s is not in %s; uniform prompt ends", item.item_id, item.prompt_id,
                             prompt_alignments)
-            if batch_size == 1:
+            if alone:
                 audio, record = synth.synthesize(text, prompt, item.prompt_text, rate,
                                                  seed=item_seed(seed, item.item_id), target_frames=target_frames,
                                                  prompt_words=words)
@@ -540,16 +551,29 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
                                                             target_frames=target_frames, prompt_words=words)))
         except SynthesisInputError as err:
             raise SynthesisInputError(f"{testlist}: item {item.item_id}: {err}") from None
-        if batch_size == 1:
+        if alone:
             write(item, prompt, audio, record)
         elif len(pending) == batch_size:
             flush()
     if pending:
         flush()
-    tmp = out / ".tmp.timing.jsonl"
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records), encoding="utf-8")
-    os.replace(tmp, out / "timing.jsonl")
-    summary = {"items": len(records),
-               "forward_passes_mean": float(np.mean([r["forward_passes"] for r in records])) if records else 0.0}
-    log.info("synthesized %d items -> %s (%.1f forward passes per item)", len(records), out, summary["forward_passes_mean"])
+    in_order = [records[i.item_id] for i in items]
+    for name, chosen in (("timing.jsonl", [r for n, r in enumerate(in_order) if n in timed]),
+                         ("batched.jsonl", [r for n, r in enumerate(in_order) if n not in timed])):
+        if name == "batched.jsonl" and batch_size == 1:
+            continue
+        tmp = out / f".tmp.{name}"
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in chosen), encoding="utf-8")
+        os.replace(tmp, out / name)
+    summary = {"items": len(in_order), "timed": len(timed),
+               "forward_passes_mean": float(np.mean([r["forward_passes"] for r in in_order])) if in_order else 0.0}
+    log.info("synthesized %d items (%d timed alone) -> %s (%.1f forward passes per item)", len(in_order),
+             len(timed), out, summary["forward_passes_mean"])
     return summary
+
+
+def timed_positions(n_items: int, k: int) -> list[int]:
+    """``k`` positions of a list of ``n_items`` spread evenly over it, ``floor(i n / k)`` for
+    ``i < k`` (the first item always among them), all of them when ``k >= n_items``."""
+    k = min(int(k), int(n_items))
+    return [i * n_items // k for i in range(k)] if k > 0 else []

@@ -106,6 +106,9 @@ rule synthesize:
         decoding=system_decoding,
         seed=system_seed,
         silence_dbfs=P["validation"]["silence_dbfs"],  # a prompt below the ingest's level is refused
+        # the quality audio in batches, the speed columns from items decoded alone
+        batch=(f"--batch-size {P['evaluation']['synthesis_batch_size']}"
+               f" --timing-items {P['evaluation']['timing_items']}"),
     wildcard_constraints:
         system="|".join(map(re.escape, PARADIGMS)) or "none",
     threads: 1
@@ -117,7 +120,7 @@ rule synthesize:
         "arnar synthesize --run-dir {params.run_dir} {params.codec} --text-units {input.bpe}"
         " --testlist {input.testlist} --prompts {input.prompts} --out {output.system}"
         " --decoding '{params.decoding}' --seed {params.seed} --prompt-alignments {input.prompt_alignments}"
-        " --silence-dbfs {params.silence_dbfs} 2> {log}"
+        " --silence-dbfs {params.silence_dbfs} {params.batch} 2> {log}"
 
 
 rule training:
