@@ -129,6 +129,13 @@ def test_paradigms_train_and_speak_every_item(smoke):
             assert all(r["batch_size"] == 3 for r in batched) and not any("batch_size" in r for r in timing)
             for record in timing:
                 assert record["fpl_a"] > 0 and record["forward_passes"] >= 1
+                # the first packet's tokens exist no later than the whole utterance's
+                assert record["fpl_a"] <= record["token_seconds"] + 1e-6, (system, record)
+                if system.startswith("syncspeech"):  # SyncSpeech Eq. 7: it starts after q + 1 text tokens
+                    q = 2 if system == "syncspeech_q2" else 1
+                    assert record["text_tokens_to_start"] == q + 1, (system, record)
+                elif "text_tokens_to_start" in record:  # a model that reads the whole text first
+                    assert record["text_tokens_to_start"] == record["text_tokens_waited"], (system, record)
                 if system == "nar":
                     assert record["forward_passes"] == 16  # its MaskGIT steps
                 if system == "ar":  # one pass per generated token (+1 when it stopped at <eos>)
@@ -137,6 +144,10 @@ def test_paradigms_train_and_speak_every_item(smoke):
                     assert record["refine_passes"] == 0
                 if system.startswith("delta_steps"):  # at most its steps (a step with nothing to commit is skipped)
                     assert record["forward_passes"] <= int(system.removeprefix("delta_steps"))
+        if system.startswith("syncspeech"):  # streaming: a first packet that needed fewer passes than the
+            # whole utterance came sooner than the whole token stage
+            streamed = [r for r in timing if r.get("first_packet_passes", r["forward_passes"]) < r["forward_passes"]]
+            assert streamed and all(r["fpl_a"] < r["token_seconds"] for r in streamed), (system, timing)
         evaluation = json.loads((smoke / f"results/smoke/eval/{system}/cross_sentence.json").read_text())
         assert evaluation["speed"]["fpl_l"] > evaluation["speed"]["fpl_a"]
     # a second synthesis seed is a second sample of the same checkpoint: the audio differs
