@@ -504,3 +504,12 @@ def test_naturalness_and_timed_items_reach_the_tables():
     for r in plain["ar"].values():
         r["speed"]["items_timed"] = 6
     assert "decoded alone" not in comparison_table(plain, Layout(references=[], comparison={"ar": ["ar"]}))
+
+
+def test_comparison_rows_follow_the_layouts_order_not_the_alphabet():
+    """The DAG's layout JSON has sorted keys; its ``order`` (training.paradigms') puts the rows back."""
+    results = {s: both(wer=10.0) for s in ("ar", "nar", "syncspeech", "cod")}
+    layout = Layout(references=[], comparison={s: [s] for s in sorted(results)}, order=["ar", "nar", "syncspeech"])
+    assert list(layout.comparison) == ["ar", "nar", "syncspeech", "cod"]  # cod, not in the order, after them
+    table = comparison_table(results, layout)
+    assert table.index("| nar |") < table.index("| syncspeech |") < table.index("| cod |")

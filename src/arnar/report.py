@@ -65,6 +65,15 @@ class Layout:
     # system -> the reference row of its own decoding path (the codec resynthesis of the tokens it
     # models: the single stream, or the stack's first quantizer for CoD), its intelligibility ceiling
     ceilings: dict[str, str] = field(default_factory=dict)
+    # the comparison's rows in this order (training.paradigms'), the others after them: the JSON
+    # the DAG passes has its keys sorted, so the comparison mapping alone arrives alphabetical
+    order: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.order:
+            ordered = {s: self.comparison[s] for s in self.order if s in self.comparison}
+            ordered.update({s: r for s, r in self.comparison.items() if s not in ordered})
+            object.__setattr__(self, "comparison", ordered)
 
     @classmethod
     def plain(cls, systems: Sequence[str]) -> "Layout":

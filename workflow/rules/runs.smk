@@ -47,7 +47,7 @@ def evaluated(pattern, systems):
 def report_layout(references):
     """What the report needs to know of the systems, as JSON: reference rows, the comparison's
     systems with their seed replicas, the grids' values and each system's training run."""
-    layout = {"references": references, "comparison": SEEDS_OF, "grids": TRAIN["grids"],
+    layout = {"references": references, "comparison": SEEDS_OF, "order": list(SEEDS_OF), "grids": TRAIN["grids"],
               "ablations": TRAIN["ablations"], "runs": {s: run for s, (run, _) in PARADIGM_SYSTEMS.items()},
               "tasks": SYSTEM_TASKS,
               "lineages": {run: REGISTRY.lineage(run) for run, _ in PARADIGM_SYSTEMS.values()},
