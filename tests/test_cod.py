@@ -832,3 +832,41 @@ def test_decimated_first_quantizer_of_a_small_dac_fits_the_paradigm(tmp_path):
     assert gen.speech.shape == (T,) and int(gen.speech.max()) < 256
     decoded = first.decode([gen.speech.numpy()[None]])[0]
     assert len(decoded) == T * 320
+
+
+def test_prompt_pairs_join_phonemes_speaker_and_levels_as_a_test_item():
+    """data.prompt_pairs for CoD (issue 53): a 23-frame prompt is cut to 20 frames (5 level-1
+    tokens of F = 4), its phonemes come first, the speaker embedding is the prompt's (synthesis
+    embeds the prompt audio), and every decimated level of the pair is the prompt's levels
+    followed by the target's; with coarse tokens of another kind, each level is the prompt's
+    first 20 / f tokens then the target's."""
+    from arnar.codec.hierarchy import levels as decimated_levels
+    from arnar.train.data import prompt_pairs
+
+    m = model()
+    prompt, target = utterance(T=23, P=5, seed=1), utterance(T=10, P=3, seed=2)
+    pair = m.join_prompt_pair(prompt, target)
+    assert pair.utt_id == f"{prompt.utt_id}+{target.utt_id}" and pair.num_frames == 20 + 10
+    assert pair.speech.tolist() == prompt.speech[:20].tolist() + target.speech.tolist()
+    assert pair.features["phonemes"].tolist() == prompt.features["phonemes"].tolist() + target.features["phonemes"].tolist()
+    assert torch.equal(pair.features["speaker"], prompt.features["speaker"])
+    for whole, first, second in zip(decimated_levels(pair.speech.numpy(), 3),
+                                    decimated_levels(prompt.speech[:20].numpy(), 3),
+                                    decimated_levels(target.speech.numpy(), 3)):
+        assert whole.tolist() == first.tolist() + second.tolist()
+    example = m.training_example(pair, torch.Generator().manual_seed(0))
+    assert len(example) == 8 + len(decimated_levels(pair.speech.numpy(), 3)[example.extras["level"] - 1])
+    # a prompt under one level-1 token leaves the target alone
+    assert m.join_prompt_pair(utterance(T=3, seed=3), target) is target
+    # through prompt_pairs: the utterances have features, CoD joins them
+    utts = [utterance(T=23, seed=s) for s in range(4)]
+    joined = prompt_pairs(utts, 1.0, seed=0, join=m.join_prompt_pair)
+    assert all("+" in u.utt_id and u.num_frames == 20 + 23 for u in joined)
+
+    coarse_model = model(coarse_tokenizer="coarse_units")
+    for utt, n in ((prompt, 23), (target, 10)):
+        utt.features["coarse"] = [torch.arange(-(-n // 4)) % 12, torch.arange(-(-n // 2)) % 12]
+    pair = coarse_model.join_prompt_pair(prompt, target)
+    assert pair.features["coarse"][0].tolist() == list(range(5)) + list(range(3))  # 20 / 4, then ceil(10 / 4)
+    assert pair.features["coarse"][1].tolist() == list(range(10)) + list(range(5))
+    coarse_model.training_example(pair, torch.Generator().manual_seed(1))  # lengths agree with 30 frames

@@ -436,6 +436,31 @@ class CoD(Paradigm):
         drawn = float(torch.rand((), generator=generator)) * self.prompt_max * n_frames
         return F * int(min(drawn, n_frames - 1) // F)
 
+    def join_prompt_pair(self, prompt: Utterance, target: Utterance) -> Utterance:
+        """Two utterances of one speaker as one cross-sentence training example (``data.prompt_pairs``),
+        laid out as a test item is at synthesis: the prompt's phonemes then the target's, the
+        speaker embedding of the prompt (synthesis embeds the prompt audio), the prompt's speech
+        cut to a whole number of level-1 tokens (``F`` frames) so that every level of the pair is
+        the prompt's levels followed by the target's. The cut takes the prompt's last
+        ``T_p mod F`` frames (synthesis drops its first ones, :func:`trim_prompt`): that keeps the
+        prompt's own coarse tokens (``coarse_tokenizer``) valid as a prefix of each level."""
+        from arnar.train.data import join_utterances_plain
+
+        prompt_phonemes, prompt_speaker = self._features(prompt.features, prompt.utt_id)
+        target_phonemes, _ = self._features(target.features, target.utt_id)
+        F = self.prompt_multiple
+        keep = F * (prompt.num_frames // F)
+        if keep == 0:  # a prompt shorter than one level-1 token: the target alone
+            return target
+        joined = join_utterances_plain(prompt, target, prompt_frames=keep)
+        joined.features = {"phonemes": torch.cat([prompt_phonemes, target_phonemes]), "speaker": prompt_speaker}
+        if self.coarse_tokenizer_path is not None:
+            prompt_levels = self.speech_levels(prompt.speech, prompt.features, "coarse", prompt.utt_id)[:-1]
+            target_levels = self.speech_levels(target.speech, target.features, "coarse", target.utt_id)[:-1]
+            joined.features["coarse"] = [torch.cat([p[: keep // factor], t]) for p, t, factor
+                                         in zip(prompt_levels, target_levels, level_factors(self.n_levels))]
+        return joined
+
     def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
         phonemes, speaker = self._features(utt.features, utt.utt_id)
         T = utt.num_frames

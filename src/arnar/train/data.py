@@ -26,7 +26,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import torch
 
 from arnar.paradigms.base import Utterance, Vocab
 
-__all__ = ["BucketBatchSampler", "TrainDataError", "join_utterances", "load_utterances",
+__all__ = ["BucketBatchSampler", "TrainDataError", "join_utterances", "join_utterances_plain", "load_utterances",
            "prompt_pairs", "read_durations", "speaker_of", "vocab_for"]
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,8 @@ def load_utterances(
     return utterances
 
 
-def prompt_pairs(utterances: Sequence[Utterance], fraction: float, seed: int) -> list[Utterance]:
+def prompt_pairs(utterances: Sequence[Utterance], fraction: float, seed: int,
+                 join: Callable[[Utterance, Utterance], Utterance] | None = None) -> list[Utterance]:
     """The training set with a share of its utterances laid out as cross-sentence prompting lays
     out a test item: another utterance of the same speaker in front, text after text and speech
     after speech, as one utterance (``ends`` of the second shifted by the first's frames).
@@ -192,14 +193,18 @@ def prompt_pairs(utterances: Sequence[Utterance], fraction: float, seed: int) ->
     utterance once as a target. The papers train on single utterances; this is an option for a
     small corpus, where a model that never saw two sentences joined mis-reads the test layout
     (docs/lab-notes/2026-12-01-to-06-speak-recipe.md). Speakers with one utterance keep it single.
+
+    ``join(prompt, target)``: how a paradigm with per-utterance features (``data.features``) joins
+    two of its utterances (CoD: :meth:`arnar.paradigms.cod.CoD.join_prompt_pair`); without it such
+    utterances are refused. Plain utterances are joined by :func:`join_utterances_plain`.
     """
     if not 0.0 <= fraction <= 1.0:
         raise TrainDataError(f"data.prompt_pairs must lie in [0, 1], got {fraction}")
     if fraction == 0.0:
         return list(utterances)
-    if any(u.features for u in utterances):
+    if join is None and any(u.features for u in utterances):
         raise TrainDataError("data.prompt_pairs: utterances with per-utterance features (data.features) "
-                             "cannot be joined; use prompt_pairs 0 for this paradigm")
+                             "and a paradigm that does not join them; use prompt_pairs 0 for this paradigm")
     gen = torch.Generator().manual_seed(stable_seed(seed, "prompt_pairs"))
     by_speaker: dict[str, list[int]] = {}
     for i, utt in enumerate(utterances):
@@ -215,15 +220,23 @@ def prompt_pairs(utterances: Sequence[Utterance], fraction: float, seed: int) ->
             continue
         pick = int(torch.randint(len(others) - 1, (1,), generator=gen))
         prompt = utterances[others[pick] if others[pick] != i else others[-1]]
-        ends = None
-        if prompt.ends is not None and target.ends is not None:
-            ends = torch.cat([prompt.ends, target.ends + prompt.num_frames])
-        out.append(Utterance(
-            utt_id=f"{prompt.utt_id}+{target.utt_id}", speaker=target.speaker,
-            text=torch.cat([prompt.text, target.text]), speech=torch.cat([prompt.speech, target.speech]),
-            ends=ends,
-        ))
+        out.append((join or join_utterances_plain)(prompt, target))
     return out
+
+
+def join_utterances_plain(prompt: Utterance, target: Utterance, prompt_frames: int | None = None) -> Utterance:
+    """``prompt`` then ``target`` as one utterance: texts and speech concatenated, the target's
+    ``ends`` shifted by the prompt's frames. ``prompt_frames``: keep only the prompt's first N
+    frames (its ``ends`` clamped to them), for a paradigm whose layout needs a boundary on a grid."""
+    n = prompt.num_frames if prompt_frames is None else int(prompt_frames)
+    if not 0 < n <= prompt.num_frames:
+        raise TrainDataError(f"{prompt.utt_id}: cannot keep {n} of its {prompt.num_frames} frames as a prompt")
+    ends = None
+    if prompt.ends is not None and target.ends is not None:
+        ends = torch.cat([prompt.ends.clamp(max=n), target.ends + n])
+    return Utterance(utt_id=f"{prompt.utt_id}+{target.utt_id}", speaker=target.speaker,
+                     text=torch.cat([prompt.text, target.text]),
+                     speech=torch.cat([prompt.speech[:n], target.speech]), ends=ends)
 
 
 def read_features(path: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:

@@ -207,12 +207,6 @@ def _set_up(cfg: DictConfig, ctx: Distributed, run_dir: Path, train_tokens, trai
     # data: every rank reads all of it (token sets are small next to the model) and shards batches
     data_opts = {"codebook": int(cfg.data.codebook), "max_frames": cfg.data.max_frames}
     utterances = load_utterances(train_tokens, train_durations, **data_opts, features=cfg.data.get("features"))
-    pair_fraction = float(cfg.data.get("prompt_pairs") or 0.0)
-    if pair_fraction:
-        singles = len(utterances)
-        utterances = prompt_pairs(utterances, pair_fraction, seed)
-        log.info("data.prompt_pairs %.2f: %d of %d training utterances behind a same-speaker prompt",
-                 pair_fraction, sum("+" in u.utt_id for u in utterances), singles)
     vocab = vocab_for(train_tokens, bpe_model)
     codec_hash = read_token_manifest(train_tokens)["codec"].get("config_hash")  # no resuming onto other tokens
     _check_vocab(utterances, vocab, str(train_durations))
@@ -225,6 +219,12 @@ def _set_up(cfg: DictConfig, ctx: Distributed, run_dir: Path, train_tokens, trai
     seed_rngs(seed)
     paradigm = build_paradigm(str(cfg.paradigm.name), vocab, OmegaConf.to_container(cfg.model, resolve=True),
                               **_options(cfg)).to(device)
+    pair_fraction = float(cfg.data.get("prompt_pairs") or 0.0)
+    if pair_fraction:  # after the paradigm: one with per-utterance features joins them itself
+        singles = len(utterances)
+        utterances = prompt_pairs(utterances, pair_fraction, seed, join=getattr(paradigm, "join_prompt_pair", None))
+        log.info("data.prompt_pairs %.2f: %d of %d training utterances behind a same-speaker prompt",
+                 pair_fraction, sum("+" in u.utt_id for u in utterances), singles)
     n_params = sum(p.numel() for p in paradigm.parameters())
     optimizer = build_optimizer(paradigm, lr=float(tc.lr), weight_decay=float(tc.weight_decay),
                                 betas=list(tc.betas), eps=float(tc.adam_eps))
