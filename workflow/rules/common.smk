@@ -35,3 +35,8 @@ TRAINED_CODECS = {"offline", "offline_rvq"}  # token streams of the codec the DA
 def codec_model(codec):
     """The trained model folder a codec loads from, or nothing for codecs with hub weights."""
     return f"{DATA}/codec/offline" if codec in TRAINED_CODECS else []
+
+
+def resynthesis_codec(row: str) -> str:
+    """The codec of a resynthesis row: offline_rvq_q1_hifigan -> offline_rvq."""
+    return row.removesuffix("_hifigan").removesuffix("_q1")

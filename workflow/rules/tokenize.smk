@@ -63,11 +63,6 @@ rule tokenize:
         " --split {wildcards.split} --out {params.out} 2> {log}"
 
 
-def resynthesis_codec(row: str) -> str:
-    """The codec of a resynthesis row: offline_rvq_q1_hifigan -> offline_rvq."""
-    return row.removesuffix("_hifigan").removesuffix("_q1")
-
-
 rule resynthesize:
     """Test-list targets -> tokens -> audio, with the item's prompt for the voice."""
     input:
