@@ -403,12 +403,12 @@ def test_testlist_synthesis_checks_each_item_as_arnar_synthesize_does(synth, bui
         assert_one_line(str(err.value), f"{testlist}: {words}")
 
 
-def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp_path):
+def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp_path, capsys, monkeypatch):
     """--batch-size 3 over 4 items (a full batch and a remainder, both tasks): the same audio as
     one item at a time, each record marked with its batch (AR, and SyncSpeech's streams); with
     --timing-items 2, items 0 and 2 (floor(i 4 / 2)) are decoded alone and are all timing.jsonl
     holds, the other two are one batch of 2 in batched.jsonl, and the audio is still batch 1's; a
-    paradigm with no batched decoding is refused in one line."""
+    paradigm with no batched decoding falls back to batch 1 with a one-line notice."""
     prompts = tmp_path / "prompts"
     prompts.mkdir()
     items = []
@@ -452,10 +452,18 @@ def test_batched_testlist_synthesis_writes_the_batch_one_audio(synth, built, tmp
     with pytest.raises(SynthesisInputError, match="timing-items"):
         synthesize_testlist(synth, testlist, prompts, tmp_path / "bad", seed=5, progress=False, batch_size=2,
                             timing_items=-1)
-    sync.model.generate_batch = None  # a paradigm without batched decoding (every one in src has it now)
-    with pytest.raises(SynthesisInputError) as err:
-        synthesize_testlist(sync, testlist, prompts, tmp_path / "sync", seed=5, progress=False, batch_size=2)
-    assert_one_line(str(err.value), "--batch-size 2", "generate_batch")
+    # a paradigm without batched decoding (generate_batch is optional; every one in src has it):
+    # one item at a time, each timed, with a one-line notice, and the same audio
+    monkeypatch.setattr(synth.model, "generate_batch", None)
+    capsys.readouterr()
+    summary = synthesize_testlist(synth, testlist, prompts, tmp_path / "ar_alone", seed=5, progress=False,
+                                  batch_size=2, timing_items=1)
+    assert summary["timed"] == 4 and not (tmp_path / "ar_alone" / "batched.jsonl").exists()
+    notice = capsys.readouterr().err
+    assert_one_line(notice.strip(), "--batch-size 2", "generate_batch", "one item at a time")
+    for item in items:
+        one, _ = sf.read(str(tmp_path / "ar_one" / f"{item.item_id}.wav"))
+        assert np.array_equal(one, sf.read(str(tmp_path / "ar_alone" / f"{item.item_id}.wav"))[0]), item.item_id
 
 
 def test_a_transcript_far_shorter_than_its_prompt_is_refused(synth, built):

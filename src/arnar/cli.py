@@ -741,8 +741,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-alignments", help="with --testlist: the aligner's JSONL of the prompts' split "
                    "(data/<profile>/align/<aligner>/test.jsonl); SyncSpeech's prompt a_n come from it, else uniform")
     p.add_argument("--batch-size", type=int, default=1,
-                   help="with --testlist: decode this many items per forward pass (every paradigm's generate_batch); "
-                   "the same codes and audio; only --timing-items of them are decoded alone and timed (default 1: all)")
+                   help="with --testlist: decode this many items per forward pass (the paradigm's generate_batch; "
+                   "one at a time where it has none); the same codes and audio; only --timing-items of them are decoded alone and timed (default 1: all)")
     p.add_argument("--timing-items", type=int, default=0,
                    help="with --batch-size > 1: decode this many items (spread over the list) alone, for "
                    "timing.jsonl's batch-1 speed figures (default 0: none)")

@@ -474,7 +474,8 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
     ``generate_batch`` (:meth:`Synthesizer.synthesize_batch`: the same codes, so the same audio),
     except ``timing_items`` of them (:func:`timed_positions`: spread evenly over the list), which
     are decoded alone: ``timing.jsonl`` holds only those batch-1 records, the speed figures the
-    evaluation reads, and ``batched.jsonl`` the others' (their time is their batch's).
+    evaluation reads, and ``batched.jsonl`` the others' (their time is their batch's). A paradigm
+    without ``generate_batch`` decodes one item at a time whatever ``batch_size`` says.
 
     ``ground_truth_duration``: generate as many frames as the recording lasts (for continuation,
     the part after the prompt), the "GT duration" setting of PALLE (arXiv:2504.10352) Table 1 and the base of its
@@ -495,8 +496,11 @@ def synthesize_testlist(synth: Synthesizer, testlist: str | os.PathLike, prompts
     if batch_size < 1:
         raise SynthesisInputError(f"--batch-size must be >= 1, got {batch_size}")
     if batch_size > 1 and getattr(synth.model, "generate_batch", None) is None:
-        raise SynthesisInputError(f"--batch-size {batch_size}: {synth.run_dir} has no batched decoding "
-                                  f"(generate_batch); use --batch-size 1")
+        # batching only saves time (the codes are batch 1's), and generate_batch is optional for a
+        # paradigm, so one pipeline-wide batch size must not stop a paradigm that lacks it
+        print(f"arnar synthesize: {synth.run_dir} has no batched decoding (generate_batch); "
+              f"--batch-size {batch_size} falls back to one item at a time", file=sys.stderr)
+        batch_size = 1
     if timing_items is not None and timing_items < 0:
         raise SynthesisInputError(f"--timing-items must be >= 0, got {timing_items}")
     # positions decoded alone, for the speed figures: all of them at batch 1
