@@ -13,9 +13,10 @@ setup:
 reproduce: setup
 	snakemake --cores all
 
-# Install everything, then run the test suite (unit tests + smoke DAG).
+# Install everything, then run the test suite (unit tests + smoke DAG); the 30 slowest tests are
+# listed at the end, so every CI log says where the suite's time goes.
 test: setup
-	python -m pytest -q
+	python -m pytest -q --durations=30
 
 # A teammate's checkout: fetch the outputs of this commit from the DVC remote, check them against
 # dvc.lock and mark them up to date for Snakemake (scripts/pull.sh says why that order).
