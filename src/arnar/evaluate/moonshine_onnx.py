@@ -24,7 +24,8 @@ The wheel stores every weight as int8 with a scale and an offset, and its graphs
 into float32 (``Cast``, ``Mul``, ``Add``) on every run; an ORT-format file is loaded as saved, so
 onnxruntime does not fold them. For the decoder that is the 32000 x 416 token embedding, and its
 transpose for the output projection, at every generated token: ~85 % of a step. :func:`dequantized`
-does that arithmetic once when the sessions open, and the sessions run the rest of the graph with
+does that arithmetic once (and :func:`dequantized_file` keeps its graph on disk, so each process
+only opens it), and the sessions run the rest of the graph with
 graph optimisations and weight pre-packing off, i.e. with the very kernels the ORT-format file
 runs: the logits are bit-for-bit those of the shipped graph (``tests/test_asr.py`` compares them
 step by step), so the transcripts cannot change, and a decoder step takes ~20 ms instead of
@@ -33,7 +34,9 @@ step by step), so the transcripts cannot change, and a decoder step takes ~20 ms
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -177,9 +180,41 @@ def _inputs_with_branches(node) -> list[str]:
     return names
 
 
-def dequantized_session(path: Path, threads: int = 1):
-    """An onnxruntime session of an ORT-format Moonshine file with its weights dequantised once,
-    running the kernels the file itself runs (see the module's docstring)."""
+# Bump when :func:`dequantized` changes what it writes: the cached files of the old one are then
+# not read (their names carry it).
+DEQUANTIZED_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """Where dequantised graphs are kept between processes: ``$ARNAR_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/arnar``, else ``~/.cache/arnar``."""
+    if os.getenv("ARNAR_CACHE_DIR"):
+        return Path(os.environ["ARNAR_CACHE_DIR"])
+    return Path(os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))) / "arnar"
+
+
+def dequantized_file(path: Path, cache: Path | None = None) -> Path:
+    """The ONNX file of :func:`dequantized` applied to the ORT-format ``path``, made once and kept
+    under ``cache`` (default :func:`cache_dir`) by the sha256 of ``path``'s bytes: converting
+    Moonshine's two graphs costs ~2.5 s, every evaluation job opens them, and a file of the same
+    bytes always converts to the same graph. Written to a temporary name and renamed, so a process
+    that is killed, or two that race, never leave half a file under the final name."""
+    path = Path(path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    folder = Path(cache) if cache is not None else cache_dir()
+    target = folder / "moonshine" / f"{path.stem}.{digest}.dequantized-v{DEQUANTIZED_FORMAT}.onnx"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".tmp.{os.getpid()}.{target.name}")
+        tmp.write_bytes(dequantized(ort_format_to_onnx(path)).SerializeToString())
+        os.replace(tmp, target)
+    return target
+
+
+def dequantized_session(path: Path, threads: int = 1, cache: Path | None = None):
+    """An onnxruntime session of an ORT-format Moonshine file with its weights dequantised once
+    (:func:`dequantized_file`), running the kernels the file itself runs (see the module's
+    docstring)."""
     import onnxruntime as ort
 
     from arnar.codec.moonshine_frontend import cpu_session_options
@@ -189,8 +224,7 @@ def dequantized_session(path: Path, threads: int = 1):
     # (pre-packing constant weights picks another GEMM path, which moves logits by ~1e-5)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.add_session_config_entry("session.disable_prepacking", "1")
-    model = dequantized(ort_format_to_onnx(path))
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(dequantized_file(path, cache)), options, providers=["CPUExecutionProvider"])
 
 
 class MoonshineOnnx:

@@ -26,7 +26,6 @@ from typing import Sequence
 
 import numpy as np
 import soundfile as sf
-from lhotse import load_manifest
 
 from arnar.evaluate.audio import AudioError
 from arnar.evaluate.metrics import (
@@ -72,6 +71,8 @@ def _write_wav(path: Path, audio: np.ndarray, rate: int) -> None:
 def prepare_task_audio(items: Sequence[TestItem], recordings_path: Path, targets_dir: Path,
                        prompts_dir: Path) -> None:
     """Write each item's ground-truth target and its prompt (cut to prompt_start..prompt_end)."""
+    from lhotse import load_manifest  # here, not at the top: evaluating a system needs no manifest
+
     recordings = {r.id: r for r in load_manifest(recordings_path)}
     for item in items:
         for needed in (item.target_id, item.prompt_id):
@@ -340,6 +341,8 @@ def ground_truth_audit(
     encoder separates same-speaker from different-speaker pairs. ``per_speaker``: audit only the
     first N utterances (by id) of each speaker, so that the audit's cost stays
     flat as the corpus grows (a 6 h corpus's test and dev splits hold 1490 utterances)."""
+    from lhotse import load_manifest
+
     from arnar.evaluate.asr import transcribe_files
     from arnar.evaluate.similarity import embed_files
 

@@ -25,7 +25,6 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from lhotse import load_manifest
 
 TASKS = ("continuation", "cross_sentence")
 FROZEN_DIR = Path(__file__).resolve().parent / "testlists"
@@ -76,6 +75,8 @@ def build_testlists(
     seed: int,
 ) -> dict[str, list[TestItem]]:
     """Both task lists from the test-split cuts (lhotse), deterministic for a seed."""
+    from lhotse import load_manifest  # here: reading a frozen list (every synthesis job) needs no lhotse
+
     cuts = sorted(load_manifest(test_cuts_path), key=lambda c: c.id)
     if not cuts:
         raise TestListError(f"{test_cuts_path}: the test split is empty; hold out speakers for it")
