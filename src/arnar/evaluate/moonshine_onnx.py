@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -185,30 +184,20 @@ def _inputs_with_branches(node) -> list[str]:
 DEQUANTIZED_FORMAT = 1
 
 
-def cache_dir() -> Path:
-    """Where dequantised graphs are kept between processes: ``$ARNAR_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/arnar``, else ``~/.cache/arnar``."""
-    if os.getenv("ARNAR_CACHE_DIR"):
-        return Path(os.environ["ARNAR_CACHE_DIR"])
-    return Path(os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))) / "arnar"
-
-
 def dequantized_file(path: Path, cache: Path | None = None) -> Path:
     """The ONNX file of :func:`dequantized` applied to the ORT-format ``path``, made once and kept
-    under ``cache`` (default :func:`cache_dir`) by the sha256 of ``path``'s bytes: converting
-    Moonshine's two graphs costs ~2.5 s, every evaluation job opens them, and a file of the same
-    bytes always converts to the same graph. Written to a temporary name and renamed, so a process
-    that is killed, or two that race, never leave half a file under the final name."""
+    in the cache folder (:mod:`arnar.cache`; ``cache`` overrides it) by the sha256 of ``path``'s
+    bytes: converting Moonshine's two graphs costs ~2.5 s, every evaluation job opens them, and a
+    file of the same bytes always converts to the same graph."""
+    from arnar.cache import cached_file
+
     path = Path(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    folder = Path(cache) if cache is not None else cache_dir()
-    target = folder / "moonshine" / f"{path.stem}.{digest}.dequantized-v{DEQUANTIZED_FORMAT}.onnx"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".tmp.{os.getpid()}.{target.name}")
+
+    def make(tmp: Path) -> None:
         tmp.write_bytes(dequantized(ort_format_to_onnx(path)).SerializeToString())
-        os.replace(tmp, target)
-    return target
+
+    return cached_file(f"moonshine/{path.stem}.{digest}.dequantized-v{DEQUANTIZED_FORMAT}.onnx", make, cache)
 
 
 def dequantized_session(path: Path, threads: int = 1, cache: Path | None = None):
