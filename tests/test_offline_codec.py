@@ -385,3 +385,18 @@ def test_features_and_griffin_lim():
     again = log_mel(y[: clip.size])
     loud = mel > mel.max() - 4
     assert np.median(np.abs(again - mel)[loud]) < 0.5
+
+
+def test_mel_filters_from_the_cache_are_librosas(tmp_path, monkeypatch):
+    """The codec's mel filterbank, kept in the cache folder after the first use, is
+    librosa.filters.mel's (Slaney, 0-8 kHz) bit for bit, made once and read back the same."""
+    import librosa
+
+    from arnar.codec.offline import features
+
+    monkeypatch.setenv("ARNAR_CACHE_DIR", str(tmp_path))
+    want = librosa.filters.mel(sr=16000, n_fft=512, n_mels=80, fmin=0.0, fmax=8000).astype(np.float32)
+    first = features._librosa_mel_filters()
+    assert len(list((tmp_path / "mel").iterdir())) == 1
+    np.testing.assert_array_equal(first, want)
+    np.testing.assert_array_equal(features._librosa_mel_filters(), want)
