@@ -326,6 +326,18 @@ def test_bf16_instructions_are_read_from_the_cpu_flags_line():
     assert not cpu_computes_bf16_natively("")  # no flags line (not x86 Linux): float32
 
 
+def test_host_record_reads_the_first_cpu_of_cpuinfo():
+    from arnar.train.config import host_record
+
+    two_cpus = ("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC 9R14\nstepping\t: 1\n"
+                "flags\t\t: fpu avx2 avx512f avx512_bf16\n\nprocessor\t: 1\ncpu family\t: 6\nmodel\t\t: 143\n"
+                "model name\t: another\nstepping\t: 8\nflags\t\t: fpu avx2\n")
+    record = host_record(two_cpus)
+    assert record["cpu"] == "AMD EPYC 9R14" and record["cpu_family_model_stepping"] == "25/17/1"
+    assert record["bf16_instructions"] is True and record["torch"] == torch.__version__
+    assert host_record("") == {**record, "cpu": None, "cpu_family_model_stepping": None, "bf16_instructions": None}
+
+
 def test_precision_bf16_autocasts_on_a_cpu_and_auto_stays_float32():
     from arnar.train.config import TrainError, _autocast_dtype
 

@@ -99,6 +99,37 @@ def cpu_computes_bf16_natively(cpuinfo: str | None = None) -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
+def host_record(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The machine a run's numbers came from, for its summary: the CPU's model name and
+    family/model/stepping (``/proc/cpuinfo``), the instruction set torch's CPU kernels picked, and
+    torch's version. Two runs of one seed give the same digits only where these agree (issue 55:
+    two AVX-512 BF16 hosts of one CPU model reproduced each other's losses and WERs exactly; a run
+    on another host did not), so a reader comparing two summaries can tell noise from a change."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "cpu family", "model", "stepping") and key not in fields:
+            fields[key] = value.strip()
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # an older torch
+        capability = None
+    return {
+        "cpu": fields.get("model name"),
+        "cpu_family_model_stepping": "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+        if fields else None,
+        "bf16_instructions": cpu_computes_bf16_natively(cpuinfo) if cpuinfo else None,
+        "torch_cpu_capability": capability,
+        "torch": torch.__version__,
+    }
+
+
 def _autocast_dtype(precision: str, device: torch.device, *, native_bf16: bool | None = None) -> torch.dtype | None:
     """The autocast dtype of ``train.precision`` on ``device`` (None: float32).
 

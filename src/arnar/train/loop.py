@@ -35,7 +35,7 @@ from arnar.text import text_units_of
 from arnar.train.checkpoints import (IncompatibleCheckpoint, Progress, _init_from, _restore, atomic_torch_save,
                                      save_checkpoint, seed_rngs, weights_record)
 from arnar.train.config import (TrainError, _autocast_dtype, _options, cpu_computes_bf16_natively, departures_from_papers,
-                                learning_rate)
+                                host_record, learning_rate)
 from arnar.train.data import (BucketBatchSampler, TrainDataError, load_utterances, prompt_pairs, stable_seed,
                               vocab_for)
 from arnar.train.distributed import Distributed, init_distributed
@@ -353,6 +353,7 @@ def _summary(run: Run, state: Progress, finished: bool, wall: float) -> dict[str
         "world_size": run.ctx.world_size,
         "device": str(run.ctx.device),
         "precision": "bf16" if run.amp else "fp32",
+        "host": host_record(),
         "train_utterances": len(run.utterances),
         "dev_utterances": len(run.dev),
         "vocab": run.vocab.to_dict(),
