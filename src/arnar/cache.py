@@ -14,6 +14,7 @@ Nothing in it is an output of the pipeline; deleting it only costs the seconds a
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,14 +28,14 @@ def cache_dir() -> Path:
 
 def cached_file(name: str, make: Callable[[Path], None], folder: str | os.PathLike | None = None) -> Path:
     """``folder/name`` (default :func:`cache_dir`), made by ``make(path)`` if it is not there yet.
-    ``make`` writes a temporary file of this process's own, which is then renamed: a process
-    killed while writing, or two processes making the same file at once, never leave half a file
-    under ``name``."""
+    ``make`` writes a temporary file of this call's own (a random name: pids repeat across the
+    nodes of a cluster sharing one home folder), which is then renamed: a process killed while
+    writing, or two processes making the same file at once, never leave half a file under ``name``."""
     target = (Path(folder) if folder is not None else cache_dir()) / name
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".tmp.{os.getpid()}.{target.name}")
+    tmp = target.with_name(f".tmp.{uuid.uuid4().hex}.{target.name}")
     try:
         make(tmp)
         os.replace(tmp, target)
