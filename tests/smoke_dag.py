@@ -53,3 +53,13 @@ def tree_digest(root: Path) -> dict[str, str]:
     }
 
 
+def job_counts(output: str) -> dict[str, int]:
+    """Rule -> jobs from the last "Job stats" table Snakemake printed in ``output`` (a dry run's
+    plan, or what a run did); empty when it printed none."""
+    counts = {}
+    for line in output.split("Job stats:")[-1].splitlines()[3:] if "Job stats:" in output else []:
+        words = line.split()
+        if len(words) != 2 or words[0] == "total" or not words[1].isdigit():
+            break
+        counts[words[0]] = int(words[1])
+    return counts

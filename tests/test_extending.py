@@ -30,7 +30,7 @@ from arnar.evaluate.testlists import TASKS, read_testlist
 from arnar.paradigms.base import IGNORE, MASK, SOS, TURN, SynthesisRequest, Utterance, Vocab, collate
 from arnar.runs import run_registry
 from arnar.train.step import build_optimizer, example_generator, make_batch
-from smoke_dag import BIN, DAG_TIMEOUT, ENV
+from smoke_dag import BIN, DAG_TIMEOUT, ENV, job_counts
 
 DOC = REPO_ROOT / "docs" / "extending.md"
 NAME = "oneshot"  # the page's worked example
@@ -238,18 +238,6 @@ def test_every_file_and_name_the_page_points_at_exists():
 
 # rules that may run again in the copy: everything else is the smoke run's and must stay so
 PLANNED = {"train", "synthesize", "evaluate_system", "report", "samples", "all", "training", "evaluate"}
-
-
-def job_counts(dry_run: str) -> dict[str, int]:
-    """Rule -> jobs from a dry run's "Job stats" table."""
-    lines = dry_run.split("Job stats:", 1)[1].splitlines()
-    counts = {}
-    for line in lines[3:]:
-        words = line.split()
-        if len(words) != 2 or words[0] == "total" or not words[1].isdigit():
-            break
-        counts[words[0]] = int(words[1])
-    return counts
 
 
 def copy_smoke_run(smoke: Path, work: Path) -> None:

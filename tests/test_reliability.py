@@ -32,7 +32,7 @@ import soundfile as sf
 import torch
 import yaml
 
-from smoke_dag import BIN, ENV, copy_workflow, run, snakemake
+from smoke_dag import BIN, ENV, copy_workflow, job_counts, run, snakemake
 from test_train import toy_dataset, write_spm
 
 from arnar.atomic import TMP_PREFIX
@@ -412,17 +412,6 @@ def copy_smoke_without_runs(smoke: Path, work: Path, runs: tuple[str, ...]) -> P
     return work
 
 
-def job_stats(output: str) -> dict[str, int]:
-    """Rule -> jobs from Snakemake's last "Job stats" table in ``output``."""
-    jobs = {}
-    for line in output.split("Job stats:")[-1].splitlines()[3:]:
-        words = line.split()
-        if len(words) != 2 or words[0] == "total" or not words[1].isdigit():
-            break
-        jobs[words[0]] = int(words[1])
-    return jobs
-
-
 @pytest.mark.slow  # part of a smoke DAG, interrupted and resumed
 def test_interrupted_dag_resumes_to_the_outputs_of_an_uninterrupted_run(smoke, tmp_path):
     work = copy_smoke_without_runs(smoke, tmp_path / "interrupted", RETRAINED)
@@ -433,7 +422,7 @@ def test_interrupted_dag_resumes_to_the_outputs_of_an_uninterrupted_run(smoke, t
     resumed = dag(work, "--rerun-incomplete")
     assert "resumed" in (work / f"logs/smoke/train_{cut}.log").read_text()  # from its checkpoint, not afresh
     # nothing the first run had finished, and nothing outside the retrained runs' lineage, is redone
-    jobs = job_stats(resumed.stdout + resumed.stderr)
+    jobs = job_counts(resumed.stdout + resumed.stderr)
     assert jobs and set(jobs) <= RESUMED_RULES and jobs.get("train", 0) <= 3, jobs
     assert_no_half_written_file(work)
     # 3. the same seed gives the same outputs: this run (interrupted, resumed) against the session's
