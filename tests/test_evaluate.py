@@ -220,3 +220,32 @@ def test_audit_per_speaker_keeps_the_first_utterances_of_each_speaker(test_cuts,
     with pytest.raises(ValueError, match="per_speaker"):
         ground_truth_audit(cuts_paths=[test_cuts], voices={}, asr_backends={}, speaker_encoder=encoder,
                            out_json=tmp_path / "x.json", out_tsv=tmp_path / "x.tsv", per_speaker=0)
+
+
+def planned_judges(extra_asr_seeds, tmp_path):
+    """system -> task -> the `--asr` judges of its planned evaluation (the smoke DAG, dry run,
+    with both offline judges)."""
+    import re
+
+    from smoke_dag import BIN, copy_workflow, run
+
+    workflow = copy_workflow(tmp_path / extra_asr_seeds)
+    profiles = {"smoke": {"evaluation": {"asr": ["moonshine", "pocketsphinx"], "extra_asr_seeds": extra_asr_seeds}}}
+    plan = run([str(BIN / "snakemake"), "-n", "-p", "--cores", "1", "evaluate", "--config", "profile=smoke",
+                f"profiles={json.dumps(profiles)}"], workflow).stdout
+    judges = {}
+    for m in re.finditer(r"arnar evaluate --system (\S+) --task (\S+) (.*?) 2>", plan):
+        judges.setdefault(m.group(1), {})[m.group(2)] = re.findall(r"--asr (\w+)", m.group(3))
+    return judges
+
+
+@pytest.mark.parametrize("extra_asr_seeds", ["first", "all"])
+def test_the_cross_checking_judge_hears_the_first_seed_or_all(extra_asr_seeds, tmp_path):
+    judges = planned_judges(extra_asr_seeds, tmp_path)
+    both = ["moonshine", "pocketsphinx"]
+    # reference rows and every paradigm's first seed: both judges, headline first
+    assert judges["ground_truth"]["cross_sentence"] == both
+    assert judges["ar"]["cross_sentence"] == both and judges["nar"]["continuation"] == both
+    # a later seed: the headline judge alone, unless every seed is to be cross-checked
+    later = ["moonshine"] if extra_asr_seeds == "first" else both
+    assert judges["ar_seed2"]["cross_sentence"] == later and judges["nar_seed2"]["continuation"] == later

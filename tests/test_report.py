@@ -78,6 +78,32 @@ def test_comparison_rows_show_mean_and_spread_over_seeds():
     assert "ar_seed2" not in table
 
 
+def with_second_judge(r, wer):
+    """``r`` judged by moonshine (headline, ``r``'s WER) and pocketsphinx at ``wer``."""
+    asr = {"moonshine": {**r["asr"]["pocketsphinx"], "model": "m"},
+           "pocketsphinx": {**r["asr"]["pocketsphinx"], "wer_corpus": wer, "wer_utterance_mean": wer}}
+    return {**r, "asr": asr}
+
+
+def test_a_second_judge_of_the_first_seed_only_gets_one_figure_and_a_caption():
+    # evaluation.extra_asr_seeds: first: ar's later seeds were judged by the headline judge alone
+    results = {"ground_truth": {t: with_second_judge(result(wer=5.0), 20.0) for t in ("continuation", "cross_sentence")},
+               "ar": {t: with_second_judge(result(wer=10.0), 30.0) for t in ("continuation", "cross_sentence")},
+               "ar_seed2": both(wer=12.0), "ar_seed3": both(wer=14.0)}
+    for seed in ("ar_seed2", "ar_seed3"):
+        for r in results[seed].values():
+            r["asr"] = {"moonshine": r["asr"]["pocketsphinx"]}
+    layout = Layout(references=["ground_truth"], comparison={"ar": ["ar", "ar_seed2", "ar_seed3"]})
+    table = comparison_table(results, layout)
+    # moonshine over the three seeds (12 ± 2), pocketsphinx the first seed's 30 with no spread
+    assert "| ar | – | 12.00 ± 2.00 | 12.00 ± 2.00 | 30.00 | 30.00 | 0.900 ± 0.000 |" in table
+    assert "pocketsphinx: each paradigm row's first synthesis seed only" in table
+    # every seed judged by both: no such caption
+    for seed, wer in (("ar_seed2", 12.0), ("ar_seed3", 14.0)):
+        results[seed] = {t: with_second_judge(r, 30.0) for t, r in both(wer=wer).items()}
+    assert "first synthesis seed only" not in comparison_table(results, layout)
+
+
 def test_budget_note_sums_each_systems_lineage_and_flags_unequal_budgets():
     """DELTA's weights come from AR's 300 updates and its own 200: 500, against AR's 300, 1.67x;
     tokens seen add up the same way; rows without a run (references) or a summary are left out."""

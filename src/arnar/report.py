@@ -207,8 +207,9 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
             params = parameters.get(layout.runs.get(system, system))
             row = [system, "–" if params is None else f"{params / 1e6:.2f}M"]
             for name in asr_names:
-                row += [cell(lambda r, n=name: r["asr"][n]["wer_utterance_mean"]),
-                        cell(lambda r, n=name: r["asr"][n]["wer_corpus"])]
+                # a later seed may lack a cross-checking judge (evaluation.extra_asr_seeds: first)
+                row += [cell(lambda r, n=name: r["asr"].get(n, {}).get("wer_utterance_mean")),
+                        cell(lambda r, n=name: r["asr"].get(n, {}).get("wer_corpus"))]
             row += [
                 cell(METRICS["sim"], 3),
                 cell(lambda r: (r.get("mos") or {}).get("mean")),
@@ -222,7 +223,7 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
             ]
             lines.append("| " + " | ".join(row) + " |")
         models = ", ".join(f"{n}: {first['asr'][n]['model']}{judge_fingerprint(first['asr'][n])}" for n in asr_names)
-        mos_note = mos_caption(results, task) + timing_caption(results, task)
+        mos_note = mos_caption(results, task) + timing_caption(results, task) + judge_seeds_caption(results, layout, task)
         once = [s for s, replicas in layout.comparison.items() if len(replicas) == 1]
         seeds_note = (f" Paradigm rows: mean ± standard deviation over {seeds} synthesis seeds (speed columns: mean)"
                       + (f"; {', '.join(f'`{s}`' for s in once)} spoke once: its decoding draws nothing from the "
@@ -239,6 +240,27 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
 
 
 MOS_TITLES = {"p808": "P.808", "sig": "P.835 SIG", "bak": "P.835 BAK", "ovrl": "P.835 OVRL", "mos": "MOS"}
+
+
+def judge_seeds_caption(results: dict[str, dict[str, dict]], layout: "Layout", task: str) -> str:
+    """`` pocketsphinx judged the first synthesis seed only ...``: the judges that heard fewer of a
+    paradigm row's seeds than the headline judge did (evaluation.extra_asr_seeds: first), so that
+    their columns carry no ± and are read as one seed's figure."""
+    def judged(replicas: Sequence[str], name: str) -> int:
+        return sum(1 for s in replicas if name in ((results.get(s) or {}).get(task) or {}).get("asr", {}))
+
+    partial = set()
+    for replicas in layout.comparison.values():
+        present = [s for s in replicas if task in (results.get(s) or {})]
+        if len(present) < 2:
+            continue
+        headline = judged(present, next(iter(results[present[0]][task]["asr"])))
+        partial |= {name for name in results[present[0]][task]["asr"] if judged(present, name) < headline}
+    if not partial:
+        return ""
+    names = ", ".join(sorted(partial))
+    return (f" {names}: each paradigm row's first synthesis seed only (a cross-check of the headline "
+            f"judge; its columns carry no ± over seeds).")
 
 
 def timing_caption(results: dict[str, dict[str, dict]], task: str) -> str:

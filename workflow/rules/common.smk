@@ -40,3 +40,13 @@ def codec_model(codec):
 def resynthesis_codec(row: str) -> str:
     """The codec of a resynthesis row: offline_rvq_q1_hifigan -> offline_rvq."""
     return row.removesuffix("_hifigan").removesuffix("_q1")
+
+
+def system_asr_args(wildcards):
+    """`arnar evaluate`'s judges for one system: every judge of evaluation.asr, but a paradigm's
+    later synthesis seeds (ar_seed2, ...) get the headline judge alone where extra_asr_seeds is
+    `first`: the cross-checking judges hear the first seed, the spread over seeds is the headline's."""
+    judges = P["evaluation"]["asr"]
+    if P["evaluation"]["extra_asr_seeds"] == "first" and wildcards.system in SYSTEM_SEED:
+        judges = judges[:1]
+    return " ".join(f"--asr {name}" for name in judges)

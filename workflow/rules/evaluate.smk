@@ -115,7 +115,7 @@ rule evaluate_system:
         json=f"{RESULTS}/eval/{{system}}/{{task}}.json",
         tsv=f"{RESULTS}/eval/{{system}}/{{task}}_utterances.tsv",
     params:
-        asr=ASR_ARGS,
+        asr=system_asr_args,
         sim=EVAL["sim"],
         mos=f"--mos {EVAL['mos']} --mos-windows {EVAL['mos_windows']}",
         d_llm=EVAL["d_llm"],
