@@ -70,6 +70,42 @@ def test_testlists_follow_the_protocol(test_cuts):
     assert len(capped["continuation"]) == 2
 
 
+def test_balanced_sample_takes_as_many_from_every_voice():
+    import random
+    from collections import Counter
+
+    from arnar.evaluate.testlists import balanced_sample
+
+    items = [(s, k) for s, n in (("a", 10), ("b", 10), ("c", 10), ("d", 2)) for k in range(n)]
+    chosen = balanced_sample(items, 10, lambda item: item[0], random.Random(0))
+    # 10 over 4 voices: 3, 3, 2, 2 (the remainder to a and b); d has 2 of its 2; no item twice
+    assert Counter(s for s, _ in chosen) == {"a": 3, "b": 3, "c": 2, "d": 2} and len(set(chosen)) == 10
+    # 14: quotas 4, 4, 3, 3, but d has only 2, so one more comes from the others' remaining items
+    chosen = balanced_sample(items, 14, lambda item: item[0], random.Random(0))
+    counts = Counter(s for s, _ in chosen)
+    assert len(chosen) == len(set(chosen)) == 14 and counts["d"] == 2 and counts["c"] >= 3
+    assert sorted(counts.values()) in ([2, 3, 4, 5], [2, 4, 4, 4])
+    # the same seed, the same items
+    assert balanced_sample(items, 14, lambda item: item[0], random.Random(0)) == chosen
+
+
+def test_testlists_per_task_counts_and_balanced_voices(test_cuts):
+    kw = dict(min_duration=4.0, max_duration=10.0, prompt_seconds=3.0, seed=7)
+    # qualifying: a1, a2, a3 and b0 for both tasks
+    lists = build_testlists(test_cuts, max_items={"continuation": 1, "cross_sentence": 3}, **kw)
+    assert len(lists["continuation"]) == 1 and len(lists["cross_sentence"]) == 3
+    balanced = build_testlists(test_cuts, max_items=2, per_voice="balanced", **kw)
+    for task in ("continuation", "cross_sentence"):  # one of a's three, and b's only one
+        assert sorted(i.speaker for i in balanced[task]) == ["a", "b"]
+    # a single count draws as the lists frozen before per-task counts did
+    assert build_testlists(test_cuts, max_items={"continuation": 2, "cross_sentence": 2}, **kw) == \
+        build_testlists(test_cuts, max_items=2, **kw)
+    with pytest.raises(TestListError, match="a count for each of continuation, cross_sentence"):
+        build_testlists(test_cuts, max_items={"cross_sentence": 3}, **kw)
+    with pytest.raises(TestListError, match="per_voice"):
+        build_testlists(test_cuts, max_items=2, per_voice="stratified", **kw)
+
+
 def test_testlists_without_items_say_why(test_cuts):
     with pytest.raises(TestListError, match="no continuation items"):
         build_testlists(test_cuts, min_duration=20.0, max_duration=30.0, prompt_seconds=3.0, max_items=10, seed=0)

@@ -157,12 +157,23 @@ def cmd_corpus_prepare(args: argparse.Namespace) -> None:
              summary["speakers"], summary["hours"])
 
 
+def _items_per_task(text: str) -> int | dict[str, int]:
+    """``--max-items``: ``60`` (both tasks) or ``continuation=30,cross_sentence=60``."""
+    try:
+        if "=" not in text:
+            return int(text)
+        return {task.strip(): int(n) for task, n in (part.split("=") for part in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a count (60) or task=count pairs "
+                                         "(continuation=30,cross_sentence=60)") from None
+
+
 def cmd_testlists(args: argparse.Namespace) -> None:
     from arnar.evaluate.testlists import TASKS, build_testlists, frozen_path, to_tsv, verify_testlist
 
     lists = build_testlists(
         Path(args.cuts), min_duration=args.min_duration, max_duration=args.max_duration,
-        prompt_seconds=args.prompt_seconds, max_items=args.max_items, seed=args.seed,
+        prompt_seconds=args.prompt_seconds, max_items=args.max_items, seed=args.seed, per_voice=args.per_voice,
     )
     for task in TASKS:
         frozen = Path(args.frozen_dir) / f"{task}.tsv" if args.frozen_dir else frozen_path(args.profile, task)
@@ -775,7 +786,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-duration", type=float, default=4.0)
     p.add_argument("--max-duration", type=float, default=10.0)
     p.add_argument("--prompt-seconds", type=float, default=3.0)
-    p.add_argument("--max-items", type=int, default=200)
+    p.add_argument("--max-items", type=_items_per_task, default=200,
+                   help="items per task: one count for both (200) or one each (continuation=30,cross_sentence=60)")
+    p.add_argument("--per-voice", choices=["random", "balanced"], default="random",
+                   help="the seeded choice: over the whole split, or the same number from every test voice")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_testlists)
 

@@ -50,3 +50,16 @@ def system_asr_args(wildcards):
     if P["evaluation"]["extra_asr_seeds"] == "first" and wildcards.system in SYSTEM_SEED:
         judges = judges[:1]
     return " ".join(f"--asr {name}" for name in judges)
+
+
+def testlist_choice():
+    """`arnar testlists`' arguments for which items the lists hold (targets' durations, the
+    continuation prompt, items per task and how they are drawn, the seed): the same for the rule
+    that freezes the lists and the one that checks them against the corpus."""
+    e = P["evaluation"]
+    items = e["max_items"]
+    if isinstance(items, dict):
+        items = ",".join(f"{task}={items[task]}" for task in sorted(items))
+    return (f"--min-duration {e['min_duration']} --max-duration {e['max_duration']}"
+            f" --prompt-seconds {e['prompt_seconds']} --max-items {items}"
+            f" --per-voice {e['per_voice']} --seed {P['seed']}")

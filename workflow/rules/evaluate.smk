@@ -41,8 +41,7 @@ if _missing_lists:
             FROZEN_LISTS,
         params:
             frozen_dir=lambda wildcards, output: os.path.dirname(output[0]),
-            seed=P["seed"],
-            **{k: EVAL[k] for k in ("min_duration", "max_duration", "prompt_seconds", "max_items")},
+            choice=testlist_choice(),
         message:
             f"Freezing the {PROFILE} test lists into {frozen_dir(PROFILE)}: "
             f"commit them (git add {frozen_dir(PROFILE)})"
@@ -52,9 +51,7 @@ if _missing_lists:
             CORE_ENV
         shell:
             "arnar testlists --write --cuts {input.cuts} --frozen-dir {params.frozen_dir}"
-            " --min-duration {params.min_duration} --max-duration {params.max_duration}"
-            " --prompt-seconds {params.prompt_seconds} --max-items {params.max_items}"
-            " --seed {params.seed} 2> {log}"
+            " {params.choice} 2> {log}"
 
 else:
 
@@ -74,17 +71,14 @@ rule testlists:
     params:
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         frozen_dir=lambda wildcards, input: os.path.dirname(input.frozen[0]),
-        seed=P["seed"],
-        **{k: EVAL[k] for k in ("min_duration", "max_duration", "prompt_seconds", "max_items")},
+        choice=testlist_choice(),
     log:
         f"{LOGS}/testlists.log",
     conda:
         CORE_ENV
     shell:
         "arnar testlists --cuts {input.cuts} --frozen-dir {params.frozen_dir} --out-dir {params.out_dir}"
-        " --min-duration {params.min_duration} --max-duration {params.max_duration}"
-        " --prompt-seconds {params.prompt_seconds} --max-items {params.max_items}"
-        " --seed {params.seed} 2> {log}"
+        " {params.choice} 2> {log}"
 
 
 rule task_audio:

@@ -9,7 +9,10 @@ Two tasks (VALL-E / PALLE convention, docs/design.md section 7):
 
 Targets are the test-split utterances whose duration lies in [min_duration, max_duration]
 (4-10 s, the LibriSpeech test-clean convention); continuation also needs at least one second
-after the prompt. When more qualify than ``max_items``, a seeded choice keeps ``max_items``.
+after the prompt. When more qualify than a task's item count (``max_items``: one count for both
+tasks, or one per task), a seeded choice keeps that many: over the whole split (``per_voice``
+``random``, how the lists frozen before 2026-12-07 were drawn), or the same number from every
+held-out voice (``balanced``), so that every voice's per-voice figures rest on as many items.
 
 A list is a TSV with a header (columns :data:`COLUMNS`). Lists are *frozen*: the DAG checks the
 committed list against the manifests (:func:`verify_testlist`) rather than rebuilding it, so a
@@ -65,18 +68,53 @@ def _words_within(supervision, end: float) -> str:
     return " ".join(item.symbol for item in alignment if item.start + item.duration <= end + 1e-6)
 
 
+PER_VOICE = ("random", "balanced")
+
+
+def items_per_task(max_items: int | dict[str, int]) -> dict[str, int]:
+    """``max_items`` as a count per task: one count for both, or a mapping with every task."""
+    if isinstance(max_items, int):
+        return {task: max_items for task in TASKS}
+    if set(max_items) != set(TASKS) or not all(isinstance(n, int) and n >= 1 for n in max_items.values()):
+        raise TestListError(f"max_items: one count for both tasks or a count for each of {', '.join(TASKS)}, "
+                            f"got {max_items!r}")
+    return dict(max_items)
+
+
+def balanced_sample(items: list, n: int, speaker_of, rng: random.Random) -> list:
+    """``n`` of ``items`` with the same number from every speaker: ``n // speakers`` each, the
+    remainder one more each for the first speakers in name order. A speaker with fewer gives all
+    it has, and the shortfall is drawn from the other speakers' remaining items."""
+    by_speaker = defaultdict(list)
+    for item in items:
+        by_speaker[speaker_of(item)].append(item)
+    speakers = sorted(by_speaker)
+    quota = {s: n // len(speakers) + (1 if k < n % len(speakers) else 0) for k, s in enumerate(speakers)}
+    chosen, rest = [], []
+    for speaker in speakers:
+        pool = list(by_speaker[speaker])
+        rng.shuffle(pool)
+        chosen += pool[:quota[speaker]]
+        rest += pool[quota[speaker]:]
+    return chosen + rng.sample(rest, n - len(chosen)) if len(chosen) < n else chosen
+
+
 def build_testlists(
     test_cuts_path: Path,
     *,
     min_duration: float,
     max_duration: float,
     prompt_seconds: float,
-    max_items: int,
+    max_items: int | dict[str, int],
     seed: int,
+    per_voice: str = "random",
 ) -> dict[str, list[TestItem]]:
     """Both task lists from the test-split cuts (lhotse), deterministic for a seed."""
     from lhotse import load_manifest  # here: reading a frozen list (every synthesis job) needs no lhotse
 
+    if per_voice not in PER_VOICE:
+        raise TestListError(f"per_voice: one of {', '.join(PER_VOICE)}, got {per_voice!r}")
+    counts = items_per_task(max_items)
     cuts = sorted(load_manifest(test_cuts_path), key=lambda c: c.id)
     if not cuts:
         raise TestListError(f"{test_cuts_path}: the test split is empty; hold out speakers for it")
@@ -85,11 +123,16 @@ def build_testlists(
         by_speaker[cut.supervisions[0].speaker].append(cut)
     in_range = [c for c in cuts if min_duration <= c.duration <= max_duration]
 
-    def choose(items: list, salt: str) -> list:
-        if len(items) <= max_items:
+    def choose(items: list, task: str) -> list:
+        n = counts[task]
+        if len(items) <= n:
             return items
-        rng = random.Random(f"{seed}:{salt}")
-        return sorted(rng.sample(items, max_items), key=lambda c: c.id)
+        rng = random.Random(f"{seed}:{task}")
+        if per_voice == "balanced":
+            chosen = balanced_sample(items, n, lambda c: c.supervisions[0].speaker, rng)
+        else:
+            chosen = rng.sample(items, n)
+        return sorted(chosen, key=lambda c: c.id)
 
     continuation = []
     for cut in choose([c for c in in_range if c.duration >= prompt_seconds + CONTINUATION_MIN_REST], "continuation"):
