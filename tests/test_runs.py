@@ -105,3 +105,13 @@ def test_start_from_ar_chains_runs_to_ar_and_refuses_what_cannot():
         params["training"]["start_from_ar"] = [run]
         with pytest.raises(RunsError, match=reason):
             run_registry(params)
+
+
+def test_the_longest_chain_of_runs_starts_first():
+    """speak: ar -> syncspeech_pretrain -> syncspeech is the longest chain (NAR and DELTA also wait
+    for ar), then palle_stage1 -> palle; the rest stand alone. train.smk's priority is this depth."""
+    speak = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "speak"}))
+    runs = speak.all_runs()
+    depth = {run: speak.chain_depth(run, runs) for run in runs}
+    assert depth == {"ar": 3, "syncspeech_pretrain": 2, "palle_stage1": 2, "syncspeech": 1, "nar": 1,
+                     "delta": 1, "palle": 1, "cod": 1}

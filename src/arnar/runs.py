@@ -148,6 +148,14 @@ class Registry:
             out += [r for r in self.lineage(needed) if r not in out]
         return out + [run]
 
+    def chain_depth(self, run: str, among: list[str]) -> int:
+        """Runs on the longest chain that starts at ``run`` (itself included): 1 for a run no run of
+        ``among`` starts from or reads, 3 for ar where syncspeech_pretrain -> syncspeech start from it.
+        The DAG starts the deepest first (train.smk's priority), so that the longest chain of
+        training runs does not begin last and leave one core alone at the end."""
+        after = [r for r in among if run in self.runs_needed(r)]
+        return 1 + max((self.chain_depth(r, among) for r in after), default=0)
+
     def all_runs(self) -> list[str]:
         """Every run the evaluated systems need, each after the runs it needs... in first-seen order."""
         runs: list[str] = []

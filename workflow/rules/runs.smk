@@ -74,6 +74,13 @@ def all_runs():
 ALL_RUNS = all_runs()
 
 
+def train_priority(wildcards):
+    """A training job's priority: the length of the chain of runs that starts at it (ar: 3 on
+    speak), so the DAG starts the longest chain first; every run stays above synthesis and
+    evaluation (0)."""
+    return REGISTRY.chain_depth(wildcards.run, ALL_RUNS)
+
+
 def run_dir(run):
     return f"{DATA}/runs/{run}"
 

@@ -70,8 +70,10 @@ rule train:
     threads: TRAIN["threads"]
     # Runs first, synthesis and evaluation in between: the chains of runs (pre-training ->
     # fine-tuning -> grid runs, features -> coarse tokens -> runs) are the DAG's long paths, and
-    # started last they leave a core idle at the end (mini: 5 minutes of one core)
-    priority: 1
+    # started last they leave a core idle at the end (mini: 5 minutes of one core). The longest
+    # chain first (ar on speak, which three runs wait for; left to the scheduler, ar once started
+    # 27 min into the training phase, 2026-12-06)
+    priority: train_priority
     resources:
         gpu=0,  # GPUs of the job (the SLURM profile sets it); above 1, torchrun starts a rank per GPU
     log:
