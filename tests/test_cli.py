@@ -43,6 +43,8 @@ SUBCOMMANDS = [" ".join(path) for path, _, _ in _subcommands()]
         (["curve", "--run-dir", "{tmp}/none", "--codec", "offline", "--text-units", "{tmp}/b.model", "--testlist",
           "{tmp}/t.tsv", "--prompts", "{tmp}/p", "--asr", "moonshine", "--sim", "resemblyzer", "--out", "{tmp}/c"],
          "{tmp}/none: no kept checkpoints"),
+        (["testlists", "--cuts", "{tmp}/c.jsonl", "--max-items", "cross=60", "--write", "--frozen-dir", "{tmp}/f"],
+         "max_items: one count for both tasks or a count for each of continuation, cross_sentence"),
     ],
 )
 def test_errors_are_one_line(argv, message, tmp_path, capsys):
