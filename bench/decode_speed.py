@@ -86,8 +86,8 @@ NETWORK_CALLS = {
     "palle": ("stage_one.hidden", "stage_two.hidden", "stage_one.head", "stage_two.head"),
     # runs the blocks and conv modules itself, then the head's speech rows through F.linear
     "delta": ("hidden_states", "speech_logits"),
-    # embeddings + backbone (one batch of two rows under CFG) + head
-    "cod": ("level_logits",),
+    # embeddings + backbone (one batch of two rows under CFG), the head; the stack's head after the last pass
+    "cod": ("level_hidden", "head", "acoustic_head"),
 }
 
 
@@ -135,11 +135,22 @@ def load_config(config_name: str, model_size: str) -> tuple[str, dict[str, Any],
     return name, model, options
 
 
+def resolved_options(options: dict[str, Any], model_size: str) -> dict[str, Any]:
+    """``options`` with CoD's ``codebooks: all`` as the number of codebooks of the size's codec
+    (training reads it from the tokens; here there are none)."""
+    if options.get("codebooks") == "all":
+        return {**options, "codebooks": STACK_CODEBOOKS.get(model_size, COD_STACK_CODEBOOKS)}
+    return options
+
+
 # the vocabularies: the mini profile's (BPE 1000, offline codebook 512, offline_rvq 256), at paper
 # scale the libritts profile's (BPE 2000, S3Tokenizer v2's 6561 codes, DAC's 1024 for CoD): the
 # heads and the sampling over them cost what they cost in those runs (requests draw ids below
 # the mini sizes, valid in both)
 VOCABS = {"paper": (2000, 6561, 1024)}
+# codebooks of the acoustic stack CoD generates (option codebooks: all): offline_rvq's 8, DAC's 9 at paper scale
+COD_STACK_CODEBOOKS = 8
+STACK_CODEBOOKS = {"paper": 9}
 
 
 def vocab_for(model_size: str, paradigm: str) -> Vocab:
@@ -175,7 +186,7 @@ def build_setups(config_names: list[str], model_size: str, device: torch.device,
         vocab = vocab_for(model_size, name)
         with torch.random.fork_rng(devices=[]):  # random weights, the same on every run
             torch.manual_seed(0)
-            model = build_paradigm(name, vocab, model_cfg, **options)
+            model = build_paradigm(name, vocab, model_cfg, **resolved_options(options, model_size))
         model = model.to(device).eval()
         setups[name] = Setup(name, model, COD_FRAME_RATE if cod else FRAME_RATE, dict(decoding.get(name, {})),
                              PRECISIONS[precision])
@@ -219,8 +230,11 @@ def make_requests(seconds: float, setups: dict[str, Setup], seed: int) -> dict[s
             # what CoD.prepare_request would add, without the phonemizer and the speaker encoder
             features = {"phonemes": phonemes, "prompt_phonemes": prompt_phonemes,
                         "speaker": torch.randn(setup.model.speaker_dim, generator=g)}
+            stack = int(getattr(setup.model, "codebooks", 1))
+            acoustic = torch.randint(setup.model.vocab.speech_size, (stack - 1, len(cod_prompt)), generator=g) \
+                if stack > 1 else None
             requests[name] = SynthesisRequest(text, prompt_text, cod_prompt, target_frames=scale * frames,
-                                              features=features)
+                                              features=features, prompt_acoustic=acoustic)
         else:
             # SyncSpeech's length follows from the oracle durations; the others read target_frames
             requests[name] = SynthesisRequest(text, prompt_text, prompt, target_frames=frames, text_ends=ends)
@@ -329,11 +343,12 @@ def decode_once(setup: Setup, request: SynthesisRequest, seed: int, sync: Callab
     finally:
         if timer is not None:
             timer.detach()
-    if len(generation.speech) != request.target_frames:
-        raise RuntimeError(f"{setup.name} generated {len(generation.speech)} frames, asked for {request.target_frames}")
+    frames = int(generation.speech.shape[-1])  # [T], or [K, T] for a paradigm generating K codebooks (CoD)
+    if frames != request.target_frames:
+        raise RuntimeError(f"{setup.name} generated {frames} frames, asked for {request.target_frames}")
     record = {"passes": int(generation.forward_passes), "seconds": seconds,
               "fpl_seconds": float(generation.info.get("first_packet_seconds", seconds)),
-              "streams": "first_packet_seconds" in generation.info, "frames": len(generation.speech)}
+              "streams": "first_packet_seconds" in generation.info, "frames": frames}
     if timer is not None:
         record["forward_seconds"] = timer.seconds
     return record

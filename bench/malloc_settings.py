@@ -55,13 +55,14 @@ def child(paradigm: str, frames: int, text: int, batch: int, updates: int, threa
 
     torch.set_num_threads(threads)
     sys.path.insert(0, str(BENCH))
-    from train_throughput import SPEECH_VOCAB, TEXT_VOCAB, build, engine, synthetic_utterances
+    from train_throughput import SPEECH_VOCAB, TEXT_VOCAB, build, engine, synthetic_utterances, with_acoustic_stack
 
     from arnar.paradigms.base import Vocab, collate
 
     build_optimizer, optimizer_step, _ = engine()
     utts = synthetic_utterances(batch, frames, text, Vocab(TEXT_VOCAB, SPEECH_VOCAB), seed=0)
     model = build(paradigm, "small")[0].train()
+    utts = with_acoustic_stack(utts, model, seed=0)
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)
     generator = torch.Generator().manual_seed(0)
     torch.manual_seed(0)  # dropout

@@ -36,6 +36,7 @@ from train_throughput import (  # noqa: E402
     build,
     engine,
     synthetic_utterances,
+    with_acoustic_stack,
     synchronizer,
 )
 
@@ -58,7 +59,7 @@ def benchmark(model_size: str = "small", paradigms: list[str] | None = None, rep
         for precision in PRECISIONS:
             model = build(name, model_size)[0].to(device_).train()
             g = torch.Generator().manual_seed(seed)
-            batch = collate([model.training_example(u, g) for u in utts]).to(device_)
+            batch = collate([model.training_example(u, g) for u in with_acoustic_stack(utts, model, seed)]).to(device_)
             setups[precision] = (model, batch, build_optimizer(model, lr=1e-4, weight_decay=0.0))
         times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
         for repeat in range(repeats + 1):  # the first round warms up (allocator, kernels, optimizer state)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -58,7 +59,8 @@ from arnar.paradigms import build_paradigm
 from arnar.paradigms.base import Batch, Paradigm, Utterance, Vocab, collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_speed import environment, load_config, replace_section, sized_model, synchronizer, vocab_for  # noqa: E402
+from decode_speed import (environment, load_config, replace_section, resolved_options, sized_model,  # noqa: E402
+                          synchronizer, vocab_for)
 
 DEFAULT_PARADIGMS = ["ar", "nar", "syncspeech", "palle_stage1", "delta", "cod"]
 # the synthetic batch draws ids every paradigm's vocabulary holds (decode_speed.vocab_for: the
@@ -80,6 +82,17 @@ def synthetic_utterances(n: int, frames: int, text: int, vocab: Vocab, seed: int
     return utts
 
 
+def with_acoustic_stack(utts: list[Utterance], model: Paradigm, seed: int) -> list[Utterance]:
+    """``utts`` with random codes of the stack's other codebooks where the model generates more
+    than one (CoD, option ``codebooks``), below its codebook size; the same list otherwise."""
+    stack = int(getattr(model, "codebooks", 1))
+    if stack == 1:
+        return utts
+    g = torch.Generator().manual_seed(seed)
+    return [dataclasses.replace(u, acoustic=torch.randint(model.vocab.speech_size, (stack - 1, u.num_frames), generator=g))
+            for u in utts]
+
+
 def build(config_name: str, model: str) -> tuple[Paradigm, dict[str, Any]]:
     """The paradigm of conf/paradigm/<config_name>.yaml at the model config it has at size
     ``model`` (decode_speed.sized_model: paper_cod, paper_delta at paper scale) with that size's
@@ -87,7 +100,7 @@ def build(config_name: str, model: str) -> tuple[Paradigm, dict[str, Any]]:
     name, model_cfg, options = load_config(config_name, model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return build_paradigm(name, vocab_for(model, name), model_cfg, **options), model_cfg
+        return build_paradigm(name, vocab_for(model, name), model_cfg, **resolved_options(options, model)), model_cfg
 
 
 # ----------------------------------------------------------------------------- one update
@@ -241,7 +254,7 @@ def benchmark(model_size: str = "small", paradigms: list[str] | None = None, rep
             continue
         model = model.to(device_).train()
         g = torch.Generator().manual_seed(seed)
-        batch = collate([model.training_example(u, g) for u in utts]).to(device_)
+        batch = collate([model.training_example(u, g) for u in with_acoustic_stack(utts, model, seed)]).to(device_)
         optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0, betas=[0.9, 0.95], eps=1e-8)
         setups[name] = (model, batch, optimizer)
     if not setups:

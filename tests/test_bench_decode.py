@@ -78,11 +78,12 @@ def test_forward_passes_match_each_paradigms_theory(run):
         assert 0.3 * (1 / steps) / (1 - 0.7 / steps) * T >= 1
         assert rows["delta", s]["passes"] == steps
         # CoD: steps per level, 3 levels of a 50 Hz stack (12.5 / 25 / 50 Hz), when even the coarsest
-        # level keeps a token masked until the last step (cosine schedule at step steps - 1)
+        # level keeps a token masked until the last step (cosine schedule at step steps - 1), and
+        # one pass more that reads the stack's other codebooks (codebooks: all)
         steps = DECODING["cod"]["steps"]
         coarsest = math.ceil(2 * T / 4)
         assert math.floor(coarsest * math.cos(math.pi / 2 * (steps - 1) / steps)) >= 1
-        assert rows["cod", s]["passes"] == 3 * steps
+        assert rows["cod", s]["passes"] == 3 * steps + 1
         # the same duration everywhere: T frames at 25 Hz, 2 T at CoD's 50 Hz
         for name in ("ar", "nar", "syncspeech", "palle", "delta"):
             assert rows[name, s]["frames"] == T

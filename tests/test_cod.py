@@ -709,8 +709,12 @@ def test_paradigm_configs_build(name, levels):
     options = OmegaConf.to_container(cfg.options)
     assert cfg.name == "cod" and options["levels"] == levels
     assert options["level_probs"] == pytest.approx(default_level_probs(levels))
-    m = build_paradigm("cod", VOCAB, TINY, **{**options, "duration_dim": 16, "duration_layers": 1})
-    assert m.n_levels == levels and m.speaker_dim == 256
+    # complete acoustic tokens: every codebook of the stack, a count the training engine reads from the tokens
+    assert options["codebooks"] == "all"
+    with pytest.raises(ValueError, match="resolved from the token set"):
+        build_paradigm("cod", VOCAB, TINY, **options)
+    m = build_paradigm("cod", VOCAB, TINY, **{**options, "codebooks": 8, "duration_dim": 16, "duration_layers": 1})
+    assert m.n_levels == levels and m.speaker_dim == 256 and m.codebooks == 8
 
 
 # ----------------------------------------------------------------------------- the features builder
@@ -821,17 +825,41 @@ def test_decimated_first_quantizer_of_a_small_dac_fits_the_paradigm(tmp_path):
     assert np.array_equal(tiers[-1], codes[0]) and np.array_equal(tiers[0], codes[0, ::4])
 
     vocab = Vocab(text_size=10, speech_size=first.codebook_size)
-    m = build_paradigm("cod", vocab, TINY, **SMALL).eval()
+    m = build_paradigm("cod", vocab, TINY, **SMALL, codebooks=4).eval()  # complete acoustic tokens
     utt = utterance(T=T, speech=torch.from_numpy(codes[0]))
+    utt.acoustic = torch.from_numpy(codes[1:]).long()
     for level in (1, 2, 3):
-        e = build_paradigm("cod", vocab, TINY, **{**SMALL, "level_probs": [float(level == k) for k in (1, 2, 3)]}) \
+        e = build_paradigm("cod", vocab, TINY, **{**SMALL, "codebooks": 4,
+                                                 "level_probs": [float(level == k) for k in (1, 2, 3)]}) \
             .training_example(utt, torch.Generator().manual_seed(level))
         assert len(e) - 5 == level_lengths(T, 3)[level - 1]
-    req = request(prompt_frames=0, target_frames=T)
+    # a prompt of the clip's first 20 frames (its whole stack) and 27 frames to generate
+    req = request(prompt_frames=20, target_frames=T - 20)
+    req.prompt_speech, req.prompt_acoustic = torch.from_numpy(codes[0, :20]), torch.from_numpy(codes[1:, :20])
     gen = m.generate(req, torch.Generator().manual_seed(0), steps=2)
-    assert gen.speech.shape == (T,) and int(gen.speech.max()) < 256
-    decoded = first.decode([gen.speech.numpy()[None]])[0]
-    assert len(decoded) == T * 320
+    assert gen.speech.shape == (4, T - 20) and int(gen.speech.max()) < 256
+    # the stack is what the codec decodes: through the codec of 4 codebooks the audio is that of
+    # the same codes, and codebooks 2..4 change it (the first quantizer alone decodes to other audio)
+    stack = gen.speech.numpy()
+    decoded = full.decode([stack])[0]
+    assert len(decoded) == (T - 20) * 320
+    alone = first.decode([stack[:1]])[0]
+    rms = float(np.sqrt(np.mean((decoded - alone) ** 2)))
+    assert rms > 1e-3 * float(np.sqrt(np.mean(decoded ** 2))) + 1e-6
+    zeroed = stack.copy()
+    zeroed[1:] = 0
+    assert not np.allclose(full.decode([zeroed])[0], decoded)
+    # the synthesizer's decoding of a generation: the audio of the whole generated stack, after the
+    # prompt's whole stack as the codec's decoding context
+    from arnar.synthesize import SynthesisJob, Synthesizer
+
+    synth = Synthesizer.__new__(Synthesizer)  # its codec and decoding only: no run folder here
+    synth.codec, synth._decode_takes_prompt_audio = full, False
+    job = SynthesisJob(req, audio[:6400], torch.from_numpy(codes[:, :20]), start=0.0)
+    spoken, record = synth.finish(job, gen, token_seconds=0.0)
+    np.testing.assert_allclose(spoken, full.decode([stack], prompt=[codes[:, :20]])[0], rtol=0, atol=1e-6)
+    assert not np.allclose(spoken, first.decode([stack[:1]], prompt=[codes[:1, :20]])[0])
+    assert record["generated_frames"] == T - 20 and record["codebooks"] == 4
 
 
 def test_prompt_pairs_join_phonemes_speaker_and_levels_as_a_test_item():
@@ -870,3 +898,184 @@ def test_prompt_pairs_join_phonemes_speaker_and_levels_as_a_test_item():
     assert pair.features["coarse"][0].tolist() == list(range(5)) + list(range(3))  # 20 / 4, then ceil(10 / 4)
     assert pair.features["coarse"][1].tolist() == list(range(10)) + list(range(5))
     coarse_model.training_example(pair, torch.Generator().manual_seed(1))  # lengths agree with 30 frames
+
+
+# ----------------------------------------------------------------------------- complete acoustic tokens
+
+def stacked(utt, K, seed=0):
+    """``utt`` with random codes of codebooks 2..K (``Utterance.acoustic``)."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    utt.acoustic = torch.randint(12, (K - 1, utt.num_frames), generator=g)
+    return utt
+
+
+def test_finest_level_example_gives_the_prompt_stack_and_scores_the_given_frames():
+    """K = 3, the finest level: the prompt's frames carry codebooks 2..3 (code + 1), the target
+    frames whose first quantizer is given (not masked) are the acoustic targets, masked and prompt
+    frames are not; the first quantizer's sequence, mask and targets are those of the same draw
+    with codebooks = 1 (the stack adds inputs, it draws nothing)."""
+    utt = stacked(utterance(T=23, P=5), K=3)
+    full, first = model(codebooks=3, level_probs=[0, 0, 1]), model(level_probs=[0, 0, 1])
+    seen_prompt = False
+    for seed in range(12):
+        e = full.training_example(utt, torch.Generator().manual_seed(seed))
+        e1 = first.training_example(utt, torch.Generator().manual_seed(seed))
+        assert torch.equal(e.input_ids, e1.input_ids) and torch.equal(e.targets, e1.targets)
+        assert "acoustic" not in e1.extras
+        speech_in, targets = e.extras["acoustic"][5:], e.extras["acoustic_targets"][5:]
+        assert e.extras["acoustic"][:5].abs().sum() == 0 and e.extras["acoustic_targets"][:5].abs().sum() == 0
+        masked = e.targets[5:] != IGNORE
+        for j in range(23):
+            in_prompt = bool(speech_in[j].any())
+            if in_prompt:  # a prompt frame: the whole stack in, nothing scored
+                seen_prompt = True
+                assert speech_in[j].tolist() == (utt.acoustic[:, j] + 1).tolist() and not masked[j]
+                assert targets[j].tolist() == [0, 0]
+            elif masked[j]:
+                assert targets[j].tolist() == [0, 0]
+            else:  # a given target frame: codebooks 2..3 are its targets
+                assert targets[j].tolist() == (utt.acoustic[:, j] + 1).tolist()
+        # the prompt is a prefix: once a frame has no stack in, none after it has
+        has = speech_in[:, 0] > 0
+        assert not bool((has[1:] & ~has[:-1]).any())
+    assert seen_prompt
+    coarse = model(codebooks=3, level_probs=[1, 0, 0]).training_example(utt, torch.Generator().manual_seed(0))
+    assert coarse.extras["acoustic"].abs().sum() == 0 and coarse.extras["acoustic_targets"].abs().sum() == 0
+
+
+def test_finest_level_loss_counts_each_frame_prediction_once():
+    """Zero heads: the first quantizer's CE is log 30 (the shared vocabulary) per masked token,
+    the stack's is log 12 (the codebook) per codebook, so log 12 per given frame after the mean
+    over codebooks 2..3. Each given frame counts as one target, and the duration error
+    log(23 / 5) = 1.52606 is added once per target of its utterance (masked tokens + frames):
+    loss_sum = sum_b n_b log 30 + f_b log 12 + 0.5 (n_b + f_b) 1.52606."""
+    m = model(codebooks=3, level_probs=[0, 0, 1], duration_weight=0.5)
+    with torch.no_grad():
+        m.head.weight.zero_()
+        m.acoustic_head.weight.zero_()
+    utt = stacked(utterance(T=23, P=5), K=3)
+    batch = collate(examples(m, 4, utt))
+    n = (batch.targets != IGNORE).sum(1)
+    f = (batch.extras["acoustic_targets"][..., 0] > 0).sum(1)
+    assert int(f.sum()) > 0
+    with torch.no_grad():
+        out = m(batch)
+    assert int(out.n_targets) == int(n.sum() + f.sum())
+    expected = float((n * math.log(30) + f * math.log(12) + 0.5 * (n + f) * 1.52606).sum())
+    assert float(out.loss_sum) == pytest.approx(expected, rel=1e-5)
+
+
+def test_which_parameters_learn_from_the_stack():
+    """A finest-level batch: the stack's head learns, and of its embedding exactly the rows of the
+    prompt codes seen (row (k - 2) (V + 1) + code + 1 for codebook k). A level-1 batch: both are in
+    the graph (DDP needs every parameter every step) with zero gradients."""
+    utt = stacked(utterance(T=23, P=5), K=3)
+    fine = model(codebooks=3, level_probs=[0, 0, 1]).train()
+    batch = collate(examples(fine, 6, utt))
+    fine(batch).loss_sum.backward()
+    assert fine.acoustic_head.weight.grad.abs().sum() > 0
+    given = batch.extras["acoustic"]
+    rows = (given + torch.arange(2) * 13)[given > 0].unique()
+    learned = fine.acoustic_embed.weight.grad.abs().sum(1).nonzero().flatten()
+    assert len(rows) > 0 and learned.tolist() == rows.tolist()
+    assert [n for n, p in fine.named_parameters() if p.grad is None] == []
+
+    coarse = model(codebooks=3, level_probs=[1, 0, 0], condition_dropout=0.0).train()
+    coarse(collate(examples(coarse, 3, utt))).loss_sum.backward()
+    assert [n for n, p in coarse.named_parameters() if p.grad is None] == []
+    assert coarse.acoustic_head.weight.grad.abs().sum() == 0 and coarse.acoustic_embed.weight.grad.abs().sum() == 0
+
+
+def stacked_request(K, prompt_frames=10, target_frames=23, seed=1):
+    req = request(prompt_frames=prompt_frames, target_frames=target_frames, seed=seed)
+    req.prompt_acoustic = torch.randint(12, (K - 1, prompt_frames), generator=torch.Generator().manual_seed(seed))
+    return req
+
+
+def test_generation_reads_the_stack_in_one_more_pass_from_the_prompt_stack():
+    """K = 3, 2 steps per level: 3 x 2 MaskGIT passes and one conditional pass that reads
+    codebooks 2..3 greedily. A head that favours code 5 for codebook 2 and code 7 for codebook 3
+    gives exactly those rows; the last pass sees every first-quantizer token, the last 8 prompt
+    frames' stack (10 frames trimmed to whole level-1 tokens, F = 4) and no dropped condition."""
+    m = model(codebooks=3)
+    with torch.no_grad():
+        m.acoustic_head.weight.zero_()
+        m.acoustic_head.bias.zero_()
+        m.acoustic_head.bias[5] = 10.0  # codebook 2: code 5
+        m.acoustic_head.bias[12 + 7] = 10.0  # codebook 3: code 7
+    calls, original = [], m.level_hidden
+
+    def recording(input_ids, **kwargs):
+        calls.append({"input_ids": input_ids.clone(), **kwargs})
+        return original(input_ids, **kwargs)
+
+    m.level_hidden = recording
+    req = stacked_request(K=3)
+    gen = m.generate(req, torch.Generator().manual_seed(0), steps=2)
+    assert gen.speech.shape == (3, 23) and gen.forward_passes == 3 * 2 + 1 and len(calls) == 7
+    assert gen.speech[1].tolist() == [5] * 23 and gen.speech[2].tolist() == [7] * 23
+    assert gen.info["codebooks"] == 3
+    last = calls[-1]
+    P = 3 + 4  # prompt phonemes + text phonemes
+    assert len(last["input_ids"]) == 1 and not bool(last["drop"].any())
+    assert not bool((last["input_ids"] == MASK).any())
+    assert VOCAB.speech_codes(last["input_ids"][0, P + 8:]).tolist() == gen.speech[0].tolist()
+    assert last["acoustic"][0, P:P + 8].tolist() == (req.prompt_acoustic[:, 2:].T + 1).tolist()
+    assert last["acoustic"][0, :P].abs().sum() == 0 and last["acoustic"][0, P + 8:].abs().sum() == 0
+    # the coarse levels never see the stack
+    assert all(c.get("acoustic") is None for c in calls[:4])
+    # the same request decoded with codebooks = 1 is one pass shorter and [T]
+    q1 = model().generate(request(prompt_frames=10, target_frames=23, seed=1), torch.Generator().manual_seed(0), steps=2)
+    assert q1.speech.shape == (23,) and q1.forward_passes == 6
+
+
+def test_stack_sampling_and_missing_prompt_stack():
+    logits = torch.tensor([[[0.0, 3.0, 1.0], [2.0, 0.0, 0.0]]])
+    assert cod_module.CoD.acoustic_sample(logits, 0.0, torch.Generator()).tolist() == [[1, 0]]
+    drawn = [cod_module.CoD.acoustic_sample(logits, 1.0, torch.Generator().manual_seed(s)) for s in range(200)]
+    share = sum(int(d[0, 0]) == 1 for d in drawn) / 200  # softmax(0, 3, 1)[1] = 0.844
+    assert 0.77 < share < 0.91
+    with pytest.raises(ValueError, match="acoustic_temperature"):
+        cod_module.CoD.acoustic_sample(logits, -1.0, torch.Generator())
+    with pytest.raises(ValueError, match="prompt_acoustic"):
+        model(codebooks=3).generate(request(), torch.Generator(), steps=1)
+    with pytest.raises(ValueError, match="codebooks 2..3"):
+        model(codebooks=3, level_probs=[0, 0, 1]).training_example(utterance(), torch.Generator())
+    with pytest.raises(ValueError, match="whole number"):
+        model(codebooks=0)
+
+
+def test_loader_gives_the_stack_and_joins_carry_it(tmp_path):
+    from arnar.codec import write_token_shards
+    from arnar.train.data import TrainDataError, join_utterances_plain, load_utterances
+
+    codec = {"name": "offline_rvq", "config_hash": "test", "frame_rate": 50.0, "n_codebooks": 3,
+             "codebook_size": 12, "sample_rate": 16000}
+    codes = {"spk00_0001": np.arange(30).reshape(3, 10) % 12, "spk00_0002": (np.arange(24).reshape(3, 8) * 5) % 12}
+    tokens_dir = write_token_shards(tmp_path / "tokens", "train", codes, codec)
+    durations = tmp_path / "train.jsonl"
+    durations.write_text("".join(json.dumps({"utt_id": u, "frame_rate": 50.0, "num_frames": c.shape[1],
+                                             "bpe_ids": [1, 2], "ends": [2, c.shape[1]]}) + "\n" for u, c in codes.items()))
+    single = load_utterances(tokens_dir, durations)
+    assert all(u.acoustic is None for u in single)
+    a, b = load_utterances(tokens_dir, durations, codebooks=3)
+    assert a.speech.tolist() == codes["spk00_0001"][0].tolist()
+    assert a.acoustic.tolist() == codes["spk00_0001"][1:].tolist()
+    with pytest.raises(TrainDataError, match="manifest.json: 3 codebooks, the paradigm generates 4"):
+        load_utterances(tokens_dir, durations, codebooks=4)
+    pair = join_utterances_plain(a, b, prompt_frames=4)
+    assert pair.acoustic.tolist() == np.concatenate([codes["spk00_0001"][1:, :4], codes["spk00_0002"][1:]], 1).tolist()
+    with pytest.raises(TrainDataError, match="one has the stack"):
+        join_utterances_plain(a, single[1])
+
+
+def test_engine_resolves_all_to_the_tokens_codebooks():
+    from arnar.train import TrainError
+    from arnar.train.loop import _resolve_codebooks
+
+    codec = {"name": "offline_rvq", "n_codebooks": 8}
+    cfg = OmegaConf.create({"paradigm": {"name": "cod", "options": {"codebooks": "all"}}})
+    assert _resolve_codebooks(cfg, codec, "tokens") == 8 and cfg.paradigm.options.codebooks == 8
+    assert _resolve_codebooks(OmegaConf.create({"paradigm": {"name": "ar"}}), codec, "tokens") == 1
+    with pytest.raises(TrainError, match="have 8 codebooks"):
+        _resolve_codebooks(OmegaConf.create({"paradigm": {"name": "cod", "options": {"codebooks": 9}}}), codec, "t")

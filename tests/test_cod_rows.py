@@ -55,9 +55,12 @@ def smoke_plan(tmp_path_factory):
     from smoke_dag import BIN, copy_workflow, run
 
     workflow = copy_workflow(tmp_path_factory.mktemp("wf"))
-    profiles = {"smoke": {"training": {"overrides": {"cod": [COD_STEPS]}}}}
-    return run([str(BIN / "snakemake"), "-n", "-p", "--cores", "1", "--config", "profile=smoke",
-                f"profiles={json.dumps(profiles)}"], workflow).stdout
+    # a config file, not --config, which would turn the boolean into a string
+    profiles = {"profiles": {"smoke": {"training": {"overrides": {"cod": [COD_STEPS]}, "cod_q1": True},
+                                       "codec": {"resynthesis": ["offline", "offline_rvq", "offline_rvq_q1"]}}}}
+    (workflow / "plan.json").write_text(json.dumps(profiles))
+    return run([str(BIN / "snakemake"), "-n", "-p", "--cores", "1", "--configfile", "params.yaml", "plan.json",
+                "--config", "profile=smoke"], workflow).stdout
 
 
 def train_overrides(plan):
@@ -108,6 +111,27 @@ def test_cod_paper_is_a_comparison_row_and_the_guidance_grid_decodes_the_cod_run
     layout = json.loads(re.search(r"arnar report .*? --layout '(.*?)'", smoke_plan).group(1))
     assert layout["comparison"]["cod_paper"] == ["cod_paper", "cod_paper_seed2"]
     assert layout["grids"]["cod_guidance_form"] == ["extrapolate", "interpolate"]
+
+
+def test_cod_generates_the_whole_stack_and_cod_q1_its_first_quantizer(smoke_plan):
+    """Issue 53: `cod` generates every codebook (option codebooks: all) and its reference row is the
+    stack's resynthesis; `cod_q1` is the same run with codebooks=1, a comparison row whose reference
+    is the first quantizer's resynthesis; both decode through the stack's codec."""
+    from arnar.train import compose_config
+
+    runs = train_overrides(smoke_plan)
+    assert "paradigm.options.codebooks=1" in runs["cod_q1"] and not any("codebooks" in o for o in runs["cod"])
+    assert [o for o in runs["cod_q1"] if o != "paradigm.options.codebooks=1"] == runs["cod"]  # cod's updates too
+    assert compose_config(runs["cod"]).paradigm.options.codebooks == "all"
+    assert compose_config(runs["cod_q1"]).paradigm.options.codebooks == 1
+    codecs = dict(re.findall(r"arnar synthesize --run-dir \S+/runs/(cod\w*) .*?--codec (\w+)", smoke_plan))
+    assert codecs["cod"] == codecs["cod_q1"] == "offline_rvq"
+    systems = synthesized(smoke_plan)
+    assert set(systems["cod_q1_seed2"]) == {"continuation", "cross_sentence"}
+    layout = json.loads(re.search(r"arnar report .*? --layout '(.*?)'", smoke_plan).group(1))
+    assert layout["ceilings"]["cod"] == layout["ceilings"]["cod_paper"] == "resynth_offline_rvq"
+    assert layout["ceilings"]["cod_q1"] == "resynth_offline_rvq_q1"
+    assert layout["ceilings"]["ar"] == "resynth_offline"
 
 
 def test_a_decoding_grid_decodes_as_its_base_row_and_may_not_move_its_default(tmp_path):

@@ -53,7 +53,7 @@ class LastUnmaskedFrame:
         self.vocab_size, self.calls = vocab_size, []
 
     def __call__(self, input_ids, position_ids, attention_mask=None, cache=None, cond=None, *, text_ids=None, stage=None):
-        self.calls.append((input_ids.clone(), text_ids.clone(), stage))
+        self.calls.append((input_ids.clone(), None if text_ids is None else text_ids.clone(), stage))
         last = [int((row != MASK).nonzero().max()) for row in input_ids]
         picked = input_ids[torch.arange(len(last)), torch.tensor(last)]
         return torch.nn.functional.one_hot(picked, self.vocab_size).float()[:, None, :].expand(*input_ids.shape, -1) * 10.0
@@ -67,20 +67,27 @@ class LastUnmaskedFrame:
     # 4-5 read up to frame 3 (the true code 2 at target frame 1, not the prediction)
     (3, [1, 1, 2, 2], 0.0),
 ])
-def test_palle_stage_one_predicts_each_span_from_the_true_frames_before_it(steps, expected, accuracy):
+@pytest.mark.parametrize("layout", ["fused", "concat"])
+def test_palle_stage_one_predicts_each_span_from_the_true_frames_before_it(steps, expected, accuracy, layout):
+    """Both layouts read the same history; concat has the text (7, 4, 5) before the speech."""
     from arnar.evaluate.ladder import palle_teacher_forced_codes
     from arnar.paradigms.palle import padded_text
 
-    model = build_paradigm("palle", VOCAB, TINY).eval()
+    model = build_paradigm("palle", VOCAB, TINY, layout=layout).eval()
     model.logits = LastUnmaskedFrame(VOCAB.size)
     codes, right = palle_teacher_forced_codes(model, text=torch.tensor([4, 5]), prompt_text=torch.tensor([7]),
                                               prompt_speech=torch.tensor([3, 1]),
                                               target_speech=torch.tensor([2, 2, 5, 4]), steps=steps)
     assert codes.tolist() == expected
     assert right == pytest.approx(accuracy)
-    for speech, text, stage in model.logits.calls:
+    for inputs, text, stage in model.logits.calls:
         assert stage == 1
-        assert text[0].tolist() == padded_text(VOCAB, torch.tensor([7, 4, 5]), 6).tolist()  # Eq. 13, all 6 frames
+        if layout == "fused":
+            assert text[0].tolist() == padded_text(VOCAB, torch.tensor([7, 4, 5]), 6).tolist()  # Eq. 13, all 6 frames
+            speech = inputs
+        else:
+            assert text is None and (inputs[:, :3] == VOCAB.text(torch.tensor([7, 4, 5]))).all()
+            speech = inputs[:, 3:]
         for row in speech:  # the true history, then <mask> to the end
             s = int((row == MASK).int().argmax())
             assert (row[s:] == MASK).all()

@@ -2,7 +2,8 @@
 network (frame-by-frame text fusion on a hand-wired network), the stage-one step rule (Eq. 14,
 hand-worked for a 3 s prompt + 10 s target at 25 Hz), stage-two refinement (Eqs. 15-16) on
 scripted networks whose confidences are set by hand, the forward-pass count, stage freezing and
-the stage-1 -> stage-2 initialisation."""
+the stage-1 -> stage-2 initialisation; the ``concat`` layout (text in front of the speech, AR's
+layout and weights) against the fused one."""
 
 from __future__ import annotations
 
@@ -56,19 +57,22 @@ def request(n_prompt=6, n_generate=None, prompt_text=(4, 5), text=(1, 2, 3)):
                             target_frames=n_generate)
 
 
-def scripted(network, scores):
+def scripted(network, scores, offset=0):
     """Turn ``network`` into a script: ``scores(speech_ids [S])`` gives one ``(code, strength)`` per
     position, and the logits there are ``strength`` at that speech code and 0 at every other id, so
     the confidence ``log P^max`` of Eq. 16 grows with ``strength`` (``log(e^s / (e^s + 11))`` over
-    the 12 speech codes). Passes are counted; every pass's speech input is kept (a copy)."""
+    the 12 speech codes). Passes are counted; every pass's speech input is kept (a copy). With
+    ``offset`` (layout concat: the text's length), the first ``offset`` input positions are the
+    text: ``scores`` sees only the speech after them, and the text positions get logits 0."""
     seen = []
 
-    def hidden(speech_ids, *args):
+    def hidden(input_ids, *args):
         network.passes += 1
-        seen.append(speech_ids[0].clone())
-        logits = torch.zeros(1, speech_ids.shape[1], VOCAB.size)
-        for j, (code, strength) in enumerate(scores(speech_ids[0])):
-            logits[0, j, VOCAB.speech_offset + code] = strength
+        speech_ids = input_ids[0, offset:]
+        seen.append(speech_ids.clone())
+        logits = torch.zeros(1, input_ids.shape[1], VOCAB.size)
+        for j, (code, strength) in enumerate(scores(speech_ids)):
+            logits[0, offset + j, VOCAB.speech_offset + code] = strength
         return logits
 
     network.hidden = hidden
@@ -567,3 +571,215 @@ def test_paradigm_configs_build_and_differ_only_in_stage():
     assert model.describe()["stage"] == 1
     with pytest.raises(ValueError, match="unknown options"):
         build_paradigm("palle", VOCAB, TINY, stage=1, conv_kernel=7)
+
+
+# ----------------------------------------------------------------------------- layout concat
+
+def concat_model(stage=1, **options):
+    """A model of layout concat as a run of ``stage`` has it (stage 2: stage two from stage one)."""
+    model = build_paradigm("palle", VOCAB, TINY, stage=stage, layout="concat", **options)
+    if stage == 2:
+        model.init_stage_two_from_stage_one()
+    return model
+
+
+def peaked(model, seed=1):
+    """Redraw every weight at a larger scale (N(0, 0.3^2) matrices, N(0, 0.1^2) vectors), so that the
+    distributions are peaked and position-dependent and a sampled code depends on every input."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() >= 2 else 0.1))
+    return model.eval()
+
+
+@pytest.mark.parametrize("stage,noise", [(1, 0.0), (2, 0.0), (1, 0.5)])
+def test_concat_example_is_the_text_then_the_fused_speech_stream(stage, noise):
+    # T = 20 frames (codes 0..11, 0..7 -> shared ids 18 + code) after the text (1, 2, 3) -> 9, 10, 11.
+    # Stage one: the mask of Eqs. 7-9 from the same generator (frames s.. masked, s and s + 1 scored);
+    # stage two: Eq. 10's. The speech part, targets included, is the fused example's, draw for draw.
+    utt = utterance(20, text=(1, 2, 3))
+    if stage == 2:
+        fused = stage_two_model(input_noise=noise)
+    else:
+        fused = build_paradigm("palle", VOCAB, TINY, input_noise=noise)
+    concat = concat_model(stage, input_noise=noise)
+    code = [18 + t % 12 for t in range(20)]
+    for seed in range(6):
+        ex = concat.training_example(utt, torch.Generator().manual_seed(seed))
+        ref = fused.training_example(utt, torch.Generator().manual_seed(seed))
+        assert ex.position_ids.tolist() == list(range(23))
+        assert ex.attention_mask.shape == (23, 23) and ex.attention_mask.all()
+        assert ex.extras == {}
+        assert ex.input_ids[:3].tolist() == [9, 10, 11] and ex.targets[:3].tolist() == [IGNORE] * 3
+        assert torch.equal(ex.input_ids[3:], ref.input_ids) and torch.equal(ex.targets[3:], ref.targets)
+        if noise:
+            continue
+        if stage == 1:
+            _, _, s = span_mask(20, torch.Generator().manual_seed(seed))
+            speech = code[:s] + [MASK] * (20 - s)
+            targets = [IGNORE] * s + code[s:s + 2] + [IGNORE] * (18 - s)
+        else:
+            masked = refine_mask(20, torch.Generator().manual_seed(seed)).tolist()
+            speech = [MASK if m else c for m, c in zip(masked, code)]
+            targets = [c if m else IGNORE for m, c in zip(masked, code)]
+        assert ex.input_ids.tolist() == [9, 10, 11] + speech
+        assert ex.targets.tolist() == [IGNORE] * 3 + targets
+    assert concat.sequence_length(utt) == 23 and fused.sequence_length(utt) == 20
+    # the text is never cut to the speech length (the fused stream is): 4 tokens before 2 frames
+    ex = concat.training_example(utterance(2, text=(1, 2, 3, 4)), torch.Generator())
+    assert ex.input_ids[:4].tolist() == [9, 10, 11, 12] and len(ex) == 6
+
+
+def test_concat_model_is_the_ar_model_in_both_stages():
+    from arnar.train.checkpoints import matching_tensors
+
+    torch.manual_seed(0)
+    ar = build_paradigm("ar", VOCAB, TINY).eval()
+    source = ar.state_dict()
+    assert set(source) == {"embed.weight", "head.weight"} | {k for k in source if k.startswith("backbone.")}
+    ids = torch.cat([VOCAB.text(torch.tensor([1, 2, 3])), VOCAB.speech(torch.tensor([5, 0, 7, 7, 2, 11, 3, 1]))])[None]
+    positions, full = torch.arange(11)[None], torch.ones(1, 11, 11, dtype=torch.bool)
+    with torch.no_grad():
+        ar_hidden = ar.backbone(ar.embed(ids), positions, full)
+        ar_logits = ar.logits(ids, positions, full)
+        ar_causal = ar.logits(ids, positions)
+    assert not torch.allclose(ar_logits, ar_causal, atol=1e-3)  # the comparison below sees the mask
+    for stage in (1, 2):
+        model = build_paradigm("palle", VOCAB, TINY, stage=stage, layout="concat").eval()
+        own = model.state_dict()
+        loaded = matching_tensors(source, own)
+        # every tensor but the stage-two flag, each stage's from the AR tensor of the same role
+        assert set(own) - set(loaded) == {"stage_two_initialised"}
+        for prefix in ("stage_one.", "stage_two."):
+            assert {k[len(prefix):] for k in loaded if k.startswith(prefix)} == set(source)
+        assert all(k.startswith(("stage_one.", "stage_two.")) for k in loaded)  # no top-level copy to load twice
+        assert all(loaded[k] is source[k.split(".", 1)[1]] for k in loaded)
+        model.load_state_dict({**own, **loaded})
+        assert bool(model.stage_two_initialised) == (stage == 2)  # stage 2: stage two := stage one (the same)
+        with torch.no_grad():
+            for network in (model.stage_one, model.stage_two):
+                assert torch.equal(network.hidden(ids, None, positions, full), ar_hidden)
+            assert torch.equal(model.logits(ids, positions, stage=1), ar_logits)  # default mask: bidirectional
+            assert torch.equal(model.logits(ids, positions, stage=2), ar_logits)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_concat_loss_reads_the_speech_positions_and_trains_only_the_selected_stage(stage):
+    model = concat_model(stage)
+    trained, frozen = (model.stage_one, model.stage_two) if stage == 1 else (model.stage_two, model.stage_one)
+    assert {name for name, _ in trained.named_children()} == {"embed", "backbone", "head"}
+    # different text lengths: each item's speech starts at its own offset (1 and 4)
+    examples = [model.training_example(utterance(T, text), torch.Generator().manual_seed(T))
+                for T, text in ((12, (1,)), (20, (1, 2, 3, 4)))]
+    out = model(collate(examples))
+    scored = [int(((e.targets != IGNORE) & (torch.arange(len(e)) >= len(t))).sum())
+              for e, t in zip(examples, ((1,), (1, 2, 3, 4)))]
+    if stage == 1:
+        assert scored == [1, 2]  # k = floor(0.1 T), all of them on speech positions
+    else:
+        assert scored == [int((e.input_ids == MASK).sum()) for e in examples]
+    assert int(out.n_targets) == sum(scored) and torch.isfinite(out.loss_sum)
+    with torch.no_grad():  # the batch's loss is each example's alone, read at its speech positions
+        alone = sum(torch.nn.functional.cross_entropy(
+            model.logits(e.input_ids[None], e.position_ids[None])[0][e.targets != IGNORE],
+            e.targets[e.targets != IGNORE], reduction="sum") for e in examples)
+    torch.testing.assert_close(out.loss_sum.detach(), alone, atol=1e-4, rtol=1e-5)
+    out.loss_sum.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in trained.parameters())
+    assert all(p.grad is None for p in frozen.parameters())
+    assert model.describe()["trainable_parameters"] == sum(p.numel() for p in trained.parameters())
+
+
+def test_concat_stage_one_commits_left_to_right_after_the_text():
+    model = concat_model().eval()
+    seen = record_inputs(model.stage_one)
+    req = request(n_prompt=6, n_generate=23)  # text: prompt transcript (4, 5) + (1, 2, 3) -> 12, 13, 9, 10, 11
+    out = model.generate(req, torch.Generator().manual_seed(0), steps=5, top_p=1.0)
+    prompt = VOCAB.speech(req.prompt_speech)
+    final = torch.cat([prompt, VOCAB.speech(out.speech)])
+    assert len(seen) == 5 and len(out.speech) == 23
+    committed = 6
+    for inputs, span in zip(seen, [5, 5, 5, 5, 3]):  # T = 29, k' = floor(29 / 5) = 5, as in the fused layout
+        assert inputs[:5].tolist() == [12, 13, 9, 10, 11]
+        speech = inputs[5:]
+        assert (speech[:committed] == final[:committed]).all() and (speech[committed:] == MASK).all()
+        committed += span
+    assert VOCAB.is_speech(final).all()
+    assert out.forward_passes == 5 and out.info["stage_one_passes"] == 5 and out.info["refine_passes"] == 0
+
+
+@pytest.mark.parametrize("rule,remasked,passes,codes", [
+    ("rescore", [[8, 9], [4, 7]], 4, [1, 1, 2, 1, 1, 2, 2, 2]),
+    ("stage_one_confidence", [[3, 6], [4, 8]], 2, [1, 2, 2, 1, 2, 1, 2, 1]),
+])
+def test_concat_decoding_picks_the_hand_worked_frames_of_the_fused_layout(rule, remasked, passes, codes):
+    # test_refinement_rule_picks_the_hand_worked_frames with the speech after 5 text positions: the
+    # scripted logits sit at the speech positions only, so the same spans, re-masked frames and codes
+    # come out only if every read and write is offset by the text (logits 0 there: code 0 if misread)
+    model = concat_model(stage=2).eval()
+    first = scripted(model.stage_one, _stage_one_strength, offset=5)
+    seen = scripted(model.stage_two, _stage_two_strength, offset=5)
+    out = model.generate(request(n_prompt=2, n_generate=8), torch.Generator(), steps=8, refine_steps=2,
+                         gamma=0.2, temperature=0, refine_rule=rule)
+    # stage one: one frame a pass, left to right (T = 10, k' = 1)
+    assert [int((inputs == MASK).sum()) for inputs in first] == list(range(8, 0, -1))
+    assert [masked_frames(inputs) for inputs in seen if (inputs == MASK).any()] == remasked
+    assert len(seen) == passes and out.info["refine_passes"] == passes
+    assert out.speech.tolist() == codes and out.info["refined_frames"] == 4
+    assert out.forward_passes == 8 + passes
+
+
+def test_concat_decodes_as_many_frames_in_as_many_passes_as_fused():
+    fused, concat = stage_two_model().eval(), concat_model(stage=2).eval()
+    cases = [
+        (request(8, 100), {}, 100 + 14),  # T = 108, k' = 1: 100 passes; 7 steps of 2 passes
+        # Eq. 11: 12 * 3 / 2 = 18 frames, T = 30, k' = floor(30 / 4) = 7: spans 7, 7, 4; 3 one-pass steps
+        (request(12, None), {"steps": 4, "refine_steps": 3, "refine_rule": "stage_one_confidence"}, 3 + 3),
+        # 1 frame asked for 5 text tokens after 2 prompt frames: 3 frames, 3 passes; 2 steps of 2 passes
+        (request(2, 1), {"steps": 4, "stage_one_rule": "even_split", "refine_steps": 2}, 3 + 4),
+    ]
+    for req, decoding, passes in cases:
+        a = fused.generate(req, torch.Generator().manual_seed(0), **decoding)
+        b = concat.generate(req, torch.Generator().manual_seed(0), **decoding)
+        assert a.forward_passes == b.forward_passes == passes
+        assert a.info == b.info and len(b.speech) == b.info["target_frames"]
+        assert ((b.speech >= 0) & (b.speech < VOCAB.speech_size)).all()
+
+
+@pytest.mark.parametrize("decoding", [{"steps": 4}, {"steps": 3, "refine_rule": "stage_one_confidence", "gamma": 0.3}],
+                         ids=["rescore", "stage_one_confidence"])
+def test_concat_generate_batch_gives_each_item_its_generate_codes(decoding):
+    # text lengths 5, 6 and 7 (so the speech starts at 5, 6 and 7), prompts of 6, 3 and 9 frames,
+    # targets of 10 frames, Eq. 11's estimate (lengthened to fit the text) and 7 frames
+    torch.manual_seed(0)
+    model = peaked(concat_model(stage=2))
+    requests = [request(6, 10), request(3, None, prompt_text=(2, 3, 4, 5, 6), text=(7,)),
+                request(9, 7, prompt_text=(8,), text=(1, 2, 3, 4, 5, 6))]
+    alone, draws = [], []
+    for i, req in enumerate(requests):
+        g = torch.Generator().manual_seed(40 + i)
+        alone.append(model.generate(req, g, **decoding))
+        draws.append(torch.rand(1, generator=g))
+    generators = [torch.Generator().manual_seed(40 + i) for i in range(3)]
+    batched = model.generate_batch(requests, generators, **decoding)
+    assert len({len(out.speech) for out in alone}) == 3 and alone[1].info["extended_to_fit_text"]
+    for one, many, g, draw in zip(alone, batched, generators, draws):
+        assert many.speech.tolist() == one.speech.tolist() and many.info == one.info
+        assert torch.equal(torch.rand(1, generator=g), draw)  # the same random numbers consumed
+    assert batched[0].forward_passes == max(o.info["stage_one_passes"] for o in alone) + \
+        max(o.info["refine_passes"] for o in alone)
+
+
+def test_layout_option_errors():
+    with pytest.raises(ValueError, match="layout must be one of"):
+        build_paradigm("palle", VOCAB, TINY, layout="interleave")
+    with pytest.raises(ValueError, match="text_layout 'stretch'.*layout 'concat'"):
+        build_paradigm("palle", VOCAB, TINY, layout="concat", text_layout="stretch")
+    model = concat_model()
+    with pytest.raises(ValueError, match="text_ids"):  # the text is in input_ids
+        model.logits(torch.tensor([[9, 18]]), torch.arange(2)[None], text_ids=torch.tensor([[9, 0]]))
+    # the configs' options (layout fused, text_layout pad) build with layout concat
+    options = OmegaConf.to_container(OmegaConf.load(CONF / "palle_stage1.yaml"))["options"]
+    assert options["layout"] == "fused"
+    assert build_paradigm("palle", VOCAB, TINY, **{**options, "layout": "concat"}).layout == "concat"

@@ -18,7 +18,7 @@ text and 6561 speech rows of 1024 and the output head: 15.5M). The paper states 
 | PALLE, per network | PALLE (arXiv:2504.10352) Sec. 5.1 | 177.0M | 176.6M (paper) |
 | AR, NAR | PALLE (arXiv:2504.10352) Table 3: "the same Transformer backbone" | backbone | PALLE's backbone, 169.4M in all (paper) |
 | SyncSpeech | not stated (its CosyVoice baselines are "identical model size") | - | PALLE's backbone, 169.4M (paper) |
-| CoD-Base | Chain-of-Details (arXiv:2604.19330) Tables I-II | 263M | 261.0M (paper_cod) |
+| CoD-Base | Chain-of-Details (arXiv:2604.19330) Tables I-II | 263M | 263.6M (paper_cod, DAC's 9 codebooks) |
 | DELTA-TTS | OpenReview v2DbAIl7sf: CosyVoice3's Qwen2.5-0.5B, "all 494M" | 494M | 357.9M + Qwen's table = 494.0M (paper_delta) |
 
 DELTA's 494M is Qwen2.5-0.5B with its tied 151,936 x 896 text table; with our 2000-piece BPE and
@@ -41,7 +41,8 @@ from arnar.paradigms.base import N_SPECIAL, Vocab
 from arnar.train import compose_config
 
 S3_CODES = 6561  # S3Tokenizer v2 (CosyVoice 2): FSQ 3^8 (arnar.codec.s3)
-DAC_CODES = 1024  # DAC 44.1 kHz, per codebook (arnar.codec.dac; CoD models the first)
+DAC_CODES = 1024  # DAC 44.1 kHz, per codebook (arnar.codec.dac)
+DAC_STACK = 9  # DAC 44.1 kHz's codebooks, all of which CoD's finest level yields
 QWEN_VOCAB = 151936  # Qwen2.5-0.5B config.json vocab_size (tied input/output table)
 TOLERANCE = 0.02
 
@@ -59,6 +60,8 @@ def build(paradigm: str, model: str, speech_size: int = S3_CODES, **overrides):
     cfg = compose_config([f"paradigm={paradigm}", f"model={model}"])
     model_cfg = {**OmegaConf.to_container(cfg.model, resolve=True), **overrides}
     options = OmegaConf.to_container(cfg.paradigm.options, resolve=True)
+    if options.get("codebooks") == "all":  # CoD: the whole DAC stack, as training resolves it from the tokens
+        options["codebooks"] = DAC_STACK
     with torch.device("meta"):
         return build_paradigm(str(cfg.paradigm.name), vocab(speech_size), model_cfg, **options)
 
@@ -156,7 +159,8 @@ def test_the_dag_gives_each_paradigm_its_paper_model(tmp_path):
     expected_delta = {"delta", "delta_ar", "ar_lora", "delta_noconv", "delta_lora_budget", "delta_noprompt",
                       "delta_unfrozen"}
     assert {run for run, model in models.items() if model == "paper_delta"} == expected_delta, table
-    assert {run for run, model in models.items() if model == "paper_cod"} == {"cod", "cod_l1", "cod_l2", "cod_paper"}, \
+    assert {run for run, model in models.items() if model == "paper_cod"} == {"cod", "cod_l1", "cod_l2", "cod_paper",
+                                                                                "cod_q1"}, \
         table
     assert {"ar", "nar", "syncspeech", "palle_stage1", "palle"} <= {r for r, m in models.items() if m == "paper"}, table
     assert set(models.values()) == {"paper", "paper_cod", "paper_delta"}, table

@@ -90,12 +90,14 @@ def test_evaluation_and_report(smoke):
         assert (results / "report/plots" / plot).stat().st_size > 10_000
 
 
-SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_paper"]  # the comparison: both tasks
+SYSTEMS = ["ar", "nar", "syncspeech", "palle_stage1", "palle", "palle_concat_stage1", "palle_concat", "delta", "cod",
+           "cod_paper"]  # the comparison: both tasks
 SEED2 = [f"{s}_seed2" for s in SYSTEMS]  # evaluation.synthesis_seeds: 2
 CROSS_ONLY = ["syncspeech_nopretrain", "syncspeech_causal", "cod_l1", "cod_l2", "syncspeech_q2", "delta_steps4",
               "delta_mu1.0", "palle_dur0.7", "palle_dur1.0", "cod_ind", "cod_shared", "cod_units",
               "cod_guidance_interpolate"]  # ablations, grids (the guidance form: cod.py's default is extrapolate)
-RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "delta", "cod", "cod_l2", "cod_l1",
+RUNS = ["ar", "nar", "syncspeech_pretrain", "syncspeech", "palle_stage1", "palle", "palle_concat_stage1", "palle_concat",
+        "delta", "cod", "cod_l2", "cod_l1",
         "syncspeech_nopretrain", "syncspeech_causal_pretrain", "syncspeech_causal", "syncspeech_q2",
         "cod_ind", "cod_shared", "cod_units", "cod_paper"]
 
@@ -108,6 +110,14 @@ def test_paradigms_train_and_speak_every_item(smoke):
         assert summary["finished"] and summary["steps"] == 30, run
         assert (smoke / f"data/smoke/runs/{run}/final.pt").exists()
     assert "initialised from data/smoke/runs/palle_stage1/best.pt" in (smoke / "logs/smoke/train_palle.log").read_text()
+    # PALLE on the concatenation layout: stage one starts from ar's tensors, stage two from stage one
+    concat_log = (smoke / "logs/smoke/train_palle_concat_stage1.log").read_text()
+    assert re.search(r"initialised \d+ of \d+ tensors from data/smoke/runs/ar/best.pt", concat_log)
+    assert "layout: concat" in (smoke / "data/smoke/runs/palle_concat/config.yaml").read_text()
+    # CoD generates the whole stack (smoke's offline_rvq has 2 codebooks), its audio decoded from both
+    assert "codebooks: 2" in (smoke / "data/smoke/runs/cod/config.yaml").read_text()
+    cod_timing = (smoke / "data/smoke/systems/cod/cross_sentence/timing.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["codebooks"] == 2 for line in cod_timing)
     causal = (smoke / "data/smoke/runs/syncspeech_causal/config.yaml").read_text()
     assert "attention: causal" in causal and "syncspeech_causal_pretrain" in causal
     for run, kind in (("cod_ind", "independent"), ("cod_shared", "shared"), ("cod_units", "units")):  # CoD Table V

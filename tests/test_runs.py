@@ -20,8 +20,17 @@ def test_smoke_registry_chains_and_systems():
     assert registry.delta_source == "ar"  # tiny models: DELTA converts the comparison's ar run
     # every run appears once, after the run that needs it
     runs = registry.all_runs()
-    assert runs[:6] == ["ar", "nar", "syncspeech", "syncspeech_pretrain", "palle", "palle_stage1"]
-    assert len(runs) == len(set(runs)) == 18
+    assert runs[:8] == ["ar", "nar", "syncspeech", "syncspeech_pretrain", "palle", "palle_stage1", "palle_concat",
+                        "palle_concat_stage1"]
+    assert len(runs) == len(set(runs)) == 20
+    # PALLE on both layouts: the concatenation layout's stage one starts from ar (start_from_ar), its
+    # stage two from its stage one; with the fused pair's budget where a profile gives it none of its own
+    assert registry.runs_needed("palle_concat") == ["palle_concat_stage1"]
+    assert registry.runs_needed("palle_concat_stage1") == ["ar"]
+    assert registry.lineage("palle_concat") == ["ar", "palle_concat_stage1", "palle_concat"]
+    assert registry.runs["palle_concat_stage1"]["overrides"] == ["paradigm.options.layout=concat"]
+    assert registry.run_base["palle_concat_stage1"] == "palle_stage1" and registry.run_base["palle_concat"] == "palle"
+    assert registry.paradigm_systems["palle_concat_stage1"] == ("palle_concat", {"refine_steps": 0})
     # evaluated systems: the comparison with two synthesis seeds, plus grids and ablations
     assert registry.paradigm_systems["palle_stage1"] == ("palle", {"refine_steps": 0})
     assert registry.paradigm_systems["ar_seed2"] == ("ar", {})
@@ -48,7 +57,7 @@ def test_a_grid_of_an_unlisted_paradigm_is_refused():
 def test_arnar_runs_lists_runs_chains_and_systems(capsys):
     assert main(["runs", "--params", str(REPO_ROOT / "params.yaml"), "--profile", "smoke"]) in (0, None)
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "profile smoke: 18 runs, 29 evaluated systems"
+    assert out[0] == "profile smoke: 20 runs, 33 evaluated systems"
     rows = {line.split()[0]: line.split(None, 2)[2] for line in out[2:]}
     assert rows["ar"].split() == ["-", "ar", "ar_seed2"]
     assert rows["syncspeech"].startswith("init_from syncspeech_pretrain ")
@@ -62,15 +71,21 @@ def test_arnar_runs_lists_runs_chains_and_systems(capsys):
 
 
 def test_the_default_profile_trains_the_six_and_one_cod_row():
-    """speak (two hours on 2 cores) drops the paper's CoD row: no cod_paper system, and so no run
-    of it among the runs its systems need; mini keeps it."""
+    """speak (two hours on 2 cores) drops the paper's CoD row and the first-quantizer CoD (no system,
+    so no run of them among the runs its systems need), and has PALLE on the concatenation layout
+    only, its stage one from ar; mini keeps all of them."""
     speak = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "speak"}))
     systems = {run for run, _ in speak.paradigm_systems.values()}
-    assert "cod" in systems and "cod_paper" not in systems
-    assert not any(s.startswith("cod_paper") for s in speak.paradigm_systems)
-    assert set(systems) == {"ar", "nar", "syncspeech", "palle", "delta", "cod"}
+    assert "cod" in systems and "cod_paper" not in systems and "cod_q1" not in systems
+    assert not any(s.startswith(("cod_paper", "cod_q1")) for s in speak.paradigm_systems)
+    assert set(systems) == {"ar", "nar", "syncspeech", "palle_concat", "delta", "cod"}
+    assert speak.lineage("palle_concat") == ["ar", "palle_concat_stage1", "palle_concat"]
+    assert set(speak.all_runs()) == {"ar", "nar", "syncspeech", "syncspeech_pretrain", "palle_concat",
+                                     "palle_concat_stage1", "delta", "cod"}
     mini = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "mini"}))
     assert mini.paradigm_systems["cod_paper_seed3"] == ("cod_paper", {})
+    assert mini.paradigm_systems["cod_q1_seed3"] == ("cod_q1", {})
+    assert {"palle_stage1", "palle", "palle_concat_stage1", "palle_concat"} <= set(mini.paradigm_systems)
 
 
 def test_a_decoding_that_draws_nothing_from_the_seed_speaks_once():
@@ -108,10 +123,11 @@ def test_start_from_ar_chains_runs_to_ar_and_refuses_what_cannot():
 
 
 def test_the_longest_chain_of_runs_starts_first():
-    """speak: ar -> syncspeech_pretrain -> syncspeech is the longest chain (NAR and DELTA also wait
-    for ar), then palle_stage1 -> palle; the rest stand alone. train.smk's priority is this depth."""
+    """speak: ar -> syncspeech_pretrain -> syncspeech and ar -> palle_concat_stage1 -> palle_concat
+    are the longest chains (NAR and DELTA also wait for ar); cod stands alone. train.smk's priority
+    is this depth."""
     speak = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "speak"}))
     runs = speak.all_runs()
     depth = {run: speak.chain_depth(run, runs) for run in runs}
-    assert depth == {"ar": 3, "syncspeech_pretrain": 2, "palle_stage1": 2, "syncspeech": 1, "nar": 1,
-                     "delta": 1, "palle": 1, "cod": 1}
+    assert depth == {"ar": 3, "syncspeech_pretrain": 2, "palle_concat_stage1": 2, "syncspeech": 1, "nar": 1,
+                     "delta": 1, "palle_concat": 1, "cod": 1}

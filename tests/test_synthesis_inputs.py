@@ -834,3 +834,51 @@ def test_timed_positions_spread_over_the_list():
     assert timed_positions(4, 2) == [0, 2]
     assert timed_positions(3, 5) == [0, 1, 2]
     assert timed_positions(6, 0) == [] and timed_positions(0, 3) == []
+
+
+def test_cod_generates_and_speaks_the_whole_stack(built, tmp_path):
+    """Chain-of-Details end to end on the real paths (issue 53): the engine resolves `codebooks:
+    all` from the offline_rvq token manifest (2 codebooks here) and trains on both, and the
+    synthesizer asks the codec for both, hands the model the prompt's whole stack and decodes
+    the generated [2, T] codes: the audio is the codec's decoding of exactly those codes."""
+    from arnar.codec import codec_info, load_codec, write_token_shards
+    from arnar.evaluate.similarity import load_speaker_encoder
+    from arnar.text.phonemes import PhonemeTokenizer
+    from arnar.train import compose_config, train
+    from arnar.train.checkpoints import load_model
+
+    rvq = load_codec("offline_rvq", model=str(built["codec"]))
+    assert rvq.n_codebooks == 2
+    phonemes, speakers = PhonemeTokenizer(), load_speaker_encoder("resemblyzer")
+    tokens, rows, features = {}, [], {}
+    for voice in VOICES:
+        for i, text in enumerate(SENTENCES):
+            utt = f"{voice}_{i}"
+            audio, rate = sf.read(str(built["root"] / f"{utt}.wav"), dtype="float32")
+            codes = rvq.encode([audio], rate)[0]
+            tokens[utt] = codes
+            rows.append({"utt_id": utt, "frame_rate": rvq.frame_rate, "num_frames": codes.shape[1], "bpe_ids": [1],
+                         "ends": [codes.shape[1]]})
+            features[utt] = {"phonemes": torch.tensor(phonemes.encode(text)),
+                             "speaker": torch.as_tensor(speakers.embed([audio], rate)[0], dtype=torch.float)}
+    split = write_token_shards(tmp_path / "tokens", "train", tokens, codec_info(rvq))
+    (tmp_path / "durations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    torch.save(features, tmp_path / "features.pt")
+    run = tmp_path / "cod"
+    train(compose_config(["paradigm=cod", *TINY, f"data.features={tmp_path / 'features.pt'}"]),
+          run_dir=run, train_tokens=split, train_durations=tmp_path / "durations.jsonl", bpe_model=built["bpe"])
+    model, cfg = load_model(run)
+    assert cfg.paradigm.options.codebooks == 2 and model.codebooks == 2
+
+    synth = Synthesizer(run, codec="offline_rvq", codec_model=str(built["codec"]), bpe_model=built["bpe"],
+                        decoding={"steps": 2})
+    assert synth.codebooks == 2 and synth.codec.n_codebooks == 2
+    job = synth.prepare("The river runs.", built["prompt"], built["prompt_text"], built["rate"])
+    assert tuple(job.request.prompt_acoustic.shape) == (1, len(job.request.prompt_speech))
+    assert torch.equal(torch.stack([job.request.prompt_speech, job.request.prompt_acoustic[0]]), job.prompt_codes)
+    generation = synth.model.generate(job.request, torch.Generator().manual_seed(0), **synth.decoding)
+    assert generation.speech.shape[0] == 2 and int(generation.speech.max()) < rvq.codebook_size
+    audio, record = synth.finish(job, generation, token_seconds=0.0)
+    expected = synth.codec.decode([generation.speech.numpy()], prompt_audio=[job.prompt])[0]
+    np.testing.assert_allclose(audio, expected, rtol=0, atol=1e-6)
+    assert record["codebooks"] == 2 and record["generated_frames"] == generation.speech.shape[1]

@@ -169,10 +169,19 @@ def stat(results: dict, replicas: Sequence[str], task: str, read) -> Stat | None
 
 
 # What comparison rows are where their names alone do not say it: a project variant beside the
-# paper's own system. Each group is a line under every task's table when all its rows are there.
+# paper's own system. Each group is a line under every task's table when two or more of its rows
+# are there (naming those).
 ROW_NOTES = [
-    {"cod": "this project's CoD (the prompt's tokens as an unmasked prefix, besides the adaLN speaker embedding)",
-     "cod_paper": "the paper's CoD (voice from the adaLN speaker embedding only; Chain-of-Details (arXiv:2604.19330) Sec. IV-A, Fig. 2)"},
+    {"cod": "this project's CoD (the prompt's tokens as an unmasked prefix, besides the adaLN speaker embedding; "
+            "the finest level yields every codebook of the RVQ stack)",
+     "cod_paper": "the paper's CoD (voice from the adaLN speaker embedding only; Chain-of-Details (arXiv:2604.19330) Sec. IV-A, Fig. 2)",
+     "cod_q1": "this project's CoD generating the first quantizer alone, which the codec decodes on its own "
+               "(reference row: the first quantizer's resynthesis)"},
+    {"palle_stage1": "PALLE stage one, the paper's network (text fused with speech along the features, Fig. 3a)",
+     "palle": "PALLE, both stages, the paper's network",
+     "palle_concat_stage1": "PALLE stage one on the temporal-concatenation layout (text then speech, AR's layout, "
+                            "which the paper's Discussion allows; starts from AR where training.start_from_ar lists it)",
+     "palle_concat": "PALLE, both stages, on the temporal-concatenation layout"},
 ]
 
 
@@ -230,8 +239,8 @@ def comparison_table(results: dict[str, dict[str, dict]], layout: Layout | None 
                          "seed (greedy), so every seed gives the same audio." if once else ".")
                       if seeds > 1 else "")
         present = {s for s, _ in rows}
-        notes = ["; ".join(f"`{s}`: {text}" for s, text in group.items()) + "."
-                 for group in ROW_NOTES if set(group) <= present]
+        notes = ["; ".join(f"`{s}`: {text}" for s, text in group.items() if s in present) + "."
+                 for group in ROW_NOTES if len(set(group) & present) >= 2]
         budget = budget_note([s for s, _ in rows], layout, summaries or {})
         lines += ["", f"{first['items']} items. ASR {models}; SIM {first['sim']['backend']} "
                       f"({first['sim']['model']}), {first['sim']['reference']}.{mos_note}{seeds_note}",
@@ -404,6 +413,8 @@ ABLATION_TABLES = [
       ("cod_units", "units-2-levels (25 Hz encoder units; the paper's HuBERT-2-levels)")]),
     (None, "PALLE: stages", "PALLE (arXiv:2504.10352) Table 3", "Stages",
      [("palle_stage1", "PAR only"), ("palle", "PAR + refinement")]),
+    (None, "PALLE on the temporal-concatenation layout: stages", "PALLE (arXiv:2504.10352) Table 3, Discussion", "Stages",
+     [("palle_concat_stage1", "PAR only"), ("palle_concat", "PAR + refinement")]),
 ]
 
 
@@ -485,6 +496,15 @@ CLAIMS = [
     Claim("PAR beats NAR on WER", "PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs B)", "palle_stage1", "nar"),
     Claim("PAR is faster than AR (token-stage RTF)", "PALLE (arXiv:2504.10352) Table 3", "palle_stage1", "ar", "rtf"),
     Claim("Refinement (stage two) lowers PALLE's WER", "PALLE (arXiv:2504.10352) Table 1", "palle", "palle_stage1"),
+    # the same claims on PALLE's temporal-concatenation layout (its Discussion allows it; AR's layout)
+    Claim("PAR beats AR on WER (concatenation layout)", "PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs A)",
+          "palle_concat_stage1", "ar"),
+    Claim("PAR beats NAR on WER (concatenation layout)", "PALLE (arXiv:2504.10352) Table 3 (Sys. C1 vs B)",
+          "palle_concat_stage1", "nar"),
+    Claim("PAR is faster than AR (token-stage RTF; concatenation layout)", "PALLE (arXiv:2504.10352) Table 3",
+          "palle_concat_stage1", "ar", "rtf"),
+    Claim("Refinement (stage two) lowers PALLE's WER (concatenation layout)", "PALLE (arXiv:2504.10352) Table 1",
+          "palle_concat", "palle_concat_stage1"),
     Claim("SyncSpeech's first packet comes sooner than AR's (FPL-L)", "SyncSpeech (arXiv:2502.11094) Table 1", "syncspeech", "ar",
           "fpl_l"),
     Claim("SyncSpeech is faster than AR (token-stage RTF)", "SyncSpeech (arXiv:2502.11094) Table 1", "syncspeech", "ar", "rtf"),

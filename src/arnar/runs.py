@@ -20,7 +20,8 @@ from arnar.config import TRAIN_CONF_DIR
 # run -> Hydra paradigm config; `init_from`: the run it starts from; `reads`: runs it loads;
 # `options`: paradigm options that are paths ({runs}, {data}); `overrides`: further Hydra
 # overrides (ablation variants); `stack`: models the acoustic
-# stack's first quantizer; `features`: per-utterance inputs built by the cod_features rule;
+# stack (CoD: its first quantizer's decimations, then every codebook; `first_quantizer`: that
+# quantizer alone); `features`: per-utterance inputs built by the cod_features rule;
 # `sized_as`: the paradigm whose paper size it takes (sized_model)
 BASE_RUNS: dict[str, dict[str, Any]] = {
     "ar": {"config": "ar"},
@@ -36,9 +37,15 @@ BASE_RUNS: dict[str, dict[str, Any]] = {
     # PALLE (arXiv:2504.10352, Sec. 5.1): stage two is fine-tuned from stage one at ~1/9 of its learning rate
     "palle_stage1": {"config": "palle_stage1"},
     "palle": {"config": "palle_stage2", "init_from": "palle_stage1", "lr_scale": 1 / 9},
+    # the same two stages on the temporal-concatenation layout (text then speech, as AR lays them out; the
+    # paper's Discussion allows it beside its feature-dimension fusion), so stage one can start from AR
+    "palle_concat_stage1": {"config": "palle_stage1", "overrides": ["paradigm.options.layout=concat"]},
+    "palle_concat": {"config": "palle_stage2", "init_from": "palle_concat_stage1", "lr_scale": 1 / 9,
+                     "overrides": ["paradigm.options.layout=concat"]},
     # DELTA-TTS converts the trained AR baseline (DELTA-TTS, OpenReview v2DbAIl7sf, Sec. 3; DELTA_SOURCE): "delta" and
     # "ar_lora" are added by run_registry, which knows the profile's model sizes
-    # Chain-of-Details models the first quantizer of the acoustic stack, temporal levels by decimation
+    # Chain-of-Details models the acoustic stack: temporal levels by decimating its first quantizer, the finest
+    # level every codebook (paradigm option codebooks: all)
     "cod": {"config": "cod", "stack": True, "features": True, "sized_as": "cod",
             "options": {"phoneme_tokenizer": "{data}/tokenizers/phonemes.json"}},
     # the grid cod_levels: CoD with 2 and 1 temporal levels (Chain-of-Details, arXiv:2604.19330, Table IV)
@@ -56,9 +63,11 @@ SYSTEMS_OF = {
     "ar": {"ar": ("ar", {})},
     "nar": {"nar": ("nar", {})},
     "syncspeech": {"syncspeech": ("syncspeech", {})},
-    "palle": {"palle_stage1": ("palle", {"refine_steps": 0}), "palle": ("palle", {})},
+    "palle": {"palle_stage1": ("palle", {"refine_steps": 0}), "palle": ("palle", {}),
+              "palle_concat_stage1": ("palle_concat", {"refine_steps": 0}), "palle_concat": ("palle_concat", {})},
     "delta": {"delta": ("delta", {})},  # its steps Pareto (Fig. 2) is the grid delta_steps
-    "cod": {"cod": ("cod", {}), "cod_paper": ("cod_paper", {})},  # ours (speech-prompt prefix), the paper's
+    # ours (speech-prompt prefix), the paper's, ours decoding the first quantizer alone
+    "cod": {"cod": ("cod", {}), "cod_paper": ("cod_paper", {}), "cod_q1": ("cod_q1", {})},
 }
 
 
@@ -70,6 +79,9 @@ def systems_of(paradigm: str) -> dict[str, tuple[str, dict]]:
     (docs/extending.md)."""
     return SYSTEMS_OF.get(paradigm, {paradigm: (paradigm, {})})
 
+
+# training.palle_layouts: PALLE's rows of each layout (paradigm option `layout`)
+PALLE_LAYOUT_SYSTEMS = {"fused": ("palle_stage1", "palle"), "concat": ("palle_concat_stage1", "palle_concat")}
 
 DELTA_VARIANTS = ("delta_noconv", "delta_lora_budget", "delta_noprompt", "delta_unfrozen")
 
@@ -194,6 +206,10 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     # `cod` vs `cod_paper` is read against the same seed spread as every other pair of rows.
     runs["cod_paper"] = {**runs["cod"],
                          "overrides": runs["cod"].get("overrides", []) + ["paradigm.options.speech_prompt=false"]}
+    # CoD generating the first quantizer alone, which the codec decodes on its own (the variant this
+    # project had before complete acoustic tokens; its reference row is resynth_<stack>_q1)
+    runs["cod_q1"] = {**runs["cod"], "first_quantizer": True,
+                      "overrides": runs["cod"].get("overrides", []) + ["paradigm.options.codebooks=1"]}
     if delta_source != "ar":
         runs[delta_source] = {"config": "ar", "sized_as": "delta"}
     for run, (kind, config) in COARSE_KINDS.items():
@@ -226,6 +242,8 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     run_base["ar_lora"] = "delta"  # the same updates as the conversion
     run_base.update({run: "cod" for run in COARSE_KINDS})
     run_base["cod_paper"] = "cod"  # the same budget as the variant it is compared with
+    run_base["cod_q1"] = "cod"
+    run_base.update({"palle_concat_stage1": "palle_stage1", "palle_concat": "palle"})  # the fused pair's budget
 
     def check_paradigm_listed(what: str, paradigm: str) -> None:
         if paradigm not in train["paradigms"]:
@@ -235,8 +253,13 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     # seeds (system, system_seed2, ...), so the report can show the spread over seeds
     n_seeds = params["evaluation"]["synthesis_seeds"]
     paradigm_systems = {s: run for p in train["paradigms"] for s, run in systems_of(p).items()}
-    if not train["cod_paper"]:  # a profile short of time keeps the project's CoD row (`cod`) only
-        paradigm_systems.pop("cod_paper", None)
+    for variant in ("cod_paper", "cod_q1"):  # a profile short of time keeps the project's CoD row (`cod`) only
+        if not train[variant]:
+            paradigm_systems.pop(variant, None)
+    for layout, systems in PALLE_LAYOUT_SYSTEMS.items():  # training.palle_layouts: which PALLE rows
+        if layout not in train["palle_layouts"]:
+            for system in systems:
+                paradigm_systems.pop(system, None)
     seeds_of = {s: [s] + [f"{s}_seed{k}" for k in range(2, n_seeds + 1)
                           if draws_from_seed(s, {**options, **train["decoding"].get(s, {})})]
                 for s, (_, options) in paradigm_systems.items()}

@@ -167,8 +167,14 @@ class Synthesizer:
         self.model.to(device).eval()
         self.device = device
         options = {"model": codec_model} if codec_model else {}
-        if codec in MULTI_CODEBOOK:  # the paradigms generate the first quantizer; decode from it alone
-            options["n_codebooks"] = 1
+        # codebooks of the stack the paradigm generates (CoD's option codebooks; 1 for the others,
+        # which generate the first quantizer): the codec decodes from those alone
+        self.codebooks = int(getattr(self.model, "codebooks", 1))
+        if codec in MULTI_CODEBOOK:
+            options["n_codebooks"] = self.codebooks
+        elif self.codebooks > 1:
+            raise SynthesisInputError(f"{self.run_dir}: the model generates {self.codebooks} codebooks, codec {codec} "
+                                      f"has one stream: wrong --codec for this run")
         if vocoder:  # the offline codec's mel -> audio (arnar.codec.offline.vocoder); None: its default
             options["vocoder"] = vocoder
         self.codec = load_codec(codec, **options)
@@ -280,11 +286,12 @@ class Synthesizer:
         return self.prompt_clip(audio, rate, what=str(path)), self.codec.sample_rate
 
     def prompt_codes(self, prompt: np.ndarray) -> torch.Tensor:
-        """Codes of a checked prompt (at the codec's rate), first codebook: ``[T]``."""
-        codes = torch.as_tensor(self.codec.encode([prompt], self.codec.sample_rate)[0][0], dtype=torch.long)
-        if len(codes) == 0:
+        """Codes of a checked prompt (at the codec's rate): ``[T]`` of the first codebook, or
+        ``[K, T]`` when the paradigm generates ``K`` codebooks."""
+        codes = torch.as_tensor(self.codec.encode([prompt], self.codec.sample_rate)[0], dtype=torch.long)
+        if codes.shape[-1] == 0:
             raise SynthesisInputError(f"prompt audio of {len(prompt)} samples gave no codec frames")
-        return codes
+        return codes[:self.codebooks] if self.codebooks > 1 else codes[0]
 
     def check_speech_length(self, prompt_frames: int, prompt_tokens: int, text_tokens: int) -> None:
         """Refuse a request whose Eq. 11 length (the speech the NAR family would generate, and
@@ -356,20 +363,23 @@ class Synthesizer:
         text_ids, prompt_ids = self.text_ids(text, "text"), self.text_ids(prompt_text, "prompt text")
         prompt = self.prompt_clip(prompt_audio, sample_rate)
         prompt_codes = self.prompt_codes(prompt)
+        n_prompt_frames = int(prompt_codes.shape[-1])
         if target_frames is None:
-            self.check_speech_length(len(prompt_codes), len(prompt_ids), len(text_ids))
+            self.check_speech_length(n_prompt_frames, len(prompt_ids), len(text_ids))
         elif (isinstance(target_frames, bool) or not isinstance(target_frames, numbers.Integral)
               or not 1 <= target_frames <= self.max_speech_seconds * self.codec.frame_rate):
             most = int(self.max_speech_seconds * self.codec.frame_rate)
             raise SynthesisInputError(f"target_frames {target_frames!r}: expected a whole number of frames from 1 to "
                                       f"{most} ({self.max_speech_seconds:g} s)")
-        request = SynthesisRequest(text_ids, prompt_ids, prompt_codes, target_frames=target_frames)
+        request = SynthesisRequest(text_ids, prompt_ids, prompt_codes if self.codebooks == 1 else prompt_codes[0],
+                                   target_frames=target_frames,
+                                   prompt_acoustic=prompt_codes[1:] if self.codebooks > 1 else None)
         if prompt_words is not None:
             from arnar.align.durations import DurationError
 
             try:
                 request.features["prompt_ends"] = self.aligned_prompt_ends(
-                    prompt_text, prompt_ids, prompt_words, len(prompt) / self.codec.sample_rate, len(prompt_codes))
+                    prompt_text, prompt_ids, prompt_words, len(prompt) / self.codec.sample_rate, n_prompt_frames)
             except DurationError as err:
                 log.warning("prompt %s: its alignment does not fit (%s); uniform prompt ends", _quote(prompt_text), err)
         prepare = getattr(self.model, "prepare_request", None)
@@ -386,7 +396,8 @@ class Synthesizer:
     def finish(self, job: "SynthesisJob", generation: Any, token_seconds: float) -> tuple[np.ndarray, dict[str, Any]]:
         """Everything after decoding: the codec's audio and the timing record."""
         request, prompt, prompt_codes, start = job.request, job.prompt, job.prompt_codes, job.start
-        codes = generation.speech.cpu().numpy()[None].astype(np.int64)
+        speech = generation.speech.cpu()
+        codes = speech.reshape(-1, speech.shape[-1]).numpy().astype(np.int64)  # [K, T] (K = 1: [1, T])
         # first-packet latency (FPL-A): the token stage until the first chunk of tokens exists
         # (streaming paradigms say when; a non-streaming one after its last pass); the codec's
         # decoding of that chunk is timed on its own
@@ -418,7 +429,7 @@ class Synthesizer:
             return np.zeros(0, dtype=np.float32)
         if self._decode_takes_prompt_audio:  # the voice from the prompt audio (offline codec)
             return self.codec.decode([codes], prompt_audio=[prompt])[0]
-        return self.codec.decode([codes], prompt=[prompt_codes.numpy()[None]])[0]
+        return self.codec.decode([codes], prompt=[prompt_codes.reshape(-1, prompt_codes.shape[-1]).numpy()])[0]
 
 
 def read_prompt_alignments(path: str | os.PathLike) -> dict[str, list]:

@@ -58,8 +58,8 @@ def report_layout(references):
 
 def ceiling_row(run):
     """The reference row of ``run``'s decoding path: the codec's resynthesis of the tokens it models
-    (the single stream; for a run on the acoustic stack, its first quantizer, as CoD decodes)."""
-    return f"resynth_{run_token_set(run)}" + ("_q1" if RUNS[run].get("stack") else "")
+    (the single stream; the acoustic stack, or its first quantizer alone for a `first_quantizer` run)."""
+    return f"resynth_{run_token_set(run)}" + ("_q1" if RUNS[run].get("first_quantizer") else "")
 
 
 def runs_needed(run):

@@ -74,10 +74,11 @@ def palle_teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torc
     """PALLE stage one fed the true history: for each span of Eq. 14's schedule (``steps`` passes
     at the fixed ratio, ``T`` = prompt + true target length), the argmax codes of that span from
     the true prompt and the true frames before it, every frame from the span on ``<mask>`` and the
-    text stream of the run's layout over the whole length (Eqs. 12-13). Returns the codes of all
-    spans in order and the share that is right."""
+    text as the run's layout reads it (fused: the text stream over the whole length, Eqs. 12-13;
+    concat: the text before the speech). Returns the codes of all spans in order and the share
+    that is right."""
     from arnar.paradigms.base import MASK
-    from arnar.paradigms.palle import stage_one_spans, text_stream
+    from arnar.paradigms.palle import stage_input, stage_one_spans
 
     vocab = model.vocab
     n_prompt, n = len(prompt_speech), len(target_speech)
@@ -85,7 +86,7 @@ def palle_teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torc
         return torch.zeros(0, dtype=torch.long), 0.0
     total = n_prompt + n
     speech = vocab.speech(torch.cat([prompt_speech, target_speech]))
-    text_ids = text_stream(vocab, torch.cat([prompt_text, text]), total, model.text_layout)
+    full_text = torch.cat([prompt_text, text])
     starts, start = [], n_prompt
     for size in stage_one_spans(n, steps, total):
         starts.append((start, size))
@@ -96,13 +97,18 @@ def palle_teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torc
         for first in range(0, len(starts), SPANS_PER_PASS):
             chunk = starts[first:first + SPANS_PER_PASS]
             frame = torch.arange(total)
-            batch = torch.stack([torch.where(frame >= s, torch.tensor(MASK), speech) for s, _ in chunk])
+            rows = [stage_input(vocab, full_text, torch.where(frame >= s, torch.tensor(MASK), speech), model.layout,
+                                model.text_layout) for s, _ in chunk]
+            offset, width = rows[0][2], len(rows[0][0])
             B = len(chunk)
-            logits = model.logits(batch.to(device), frame.expand(B, total).to(device),
-                                  torch.ones(B, total, total, dtype=torch.bool, device=device),
-                                  text_ids=text_ids.expand(B, total).to(device), stage=1)
+            text_ids = None if rows[0][1] is None else torch.stack([row[1] for row in rows]).to(device)
+            logits = model.logits(torch.stack([row[0] for row in rows]).to(device),
+                                  torch.arange(width).expand(B, width).to(device),
+                                  torch.ones(B, width, width, dtype=torch.bool, device=device),
+                                  text_ids=text_ids, stage=1)
             for b, (s, size) in enumerate(chunk):
-                codes[s - n_prompt: s - n_prompt + size] = logits[b, s:s + size, vocab.speech_offset:].argmax(-1).cpu()
+                codes[s - n_prompt: s - n_prompt + size] = \
+                    logits[b, offset + s:offset + s + size, vocab.speech_offset:].argmax(-1).cpu()
     accuracy = float((codes == target_speech.long()).float().mean())
     return codes, accuracy
 

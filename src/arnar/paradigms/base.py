@@ -88,7 +88,9 @@ class Utterance:
     ``text``: BPE ids [L] (not offset); ``speech``: codes [T] of the first codebook (all the
     single-stream paradigms use; CoD's levels are derived from them); ``ends``: the frame index
     one past the last frame of each BPE token, a_n of SyncSpeech Eq. 1 (``ends[-1] == T``),
-    from the forced alignment; ``None`` where no alignment exists.
+    from the forced alignment; ``None`` where no alignment exists. ``acoustic``: codes
+    ``[K - 1, T]`` of the codebooks after the first, for a paradigm that generates ``K`` codebooks
+    of an RVQ stack (option ``codebooks``, CoD); ``None`` for the others.
     """
 
     utt_id: str
@@ -99,6 +101,7 @@ class Utterance:
     # per-utterance inputs some paradigms add (e.g. phoneme ids, a speaker embedding), from a
     # features file built by the DAG (arnar.train.data.load_utterances(features=...))
     features: dict[str, torch.Tensor] = field(default_factory=dict)
+    acoustic: torch.Tensor | None = None
 
     @property
     def num_frames(self) -> int:
@@ -246,13 +249,16 @@ class SynthesisRequest:
     text_ends: torch.Tensor | None = None  # a_n of the target (oracle durations), if a paradigm uses them
     # inputs a paradigm derives itself in its prepare_request() hook (e.g. phonemes, a speaker embedding)
     features: dict[str, Any] = field(default_factory=dict)
+    # codes [K - 1, T_p] of the prompt's codebooks after the first, for a paradigm that generates K
+    # codebooks (option ``codebooks``); None for the others
+    prompt_acoustic: torch.Tensor | None = None
 
 
 @dataclass
 class Generation:
     """A decoding loop's result: generated codes (prompt excluded) and what it cost."""
 
-    speech: torch.Tensor  # codes [T]
+    speech: torch.Tensor  # codes [T], or [K, T] from a paradigm that generates K codebooks
     forward_passes: int  # sequential backbone calls (the papers' NFE / step count)
     first_packet_passes: int | None = None  # passes before the first audio packet could be emitted
     info: dict[str, Any] = field(default_factory=dict)

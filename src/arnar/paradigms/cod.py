@@ -8,13 +8,29 @@ bidirectional decoder (the shared backbone with an all-True mask) predicts every
 masked token modelling (Eq. 1): level 1 from the transcript C, level ``l > 1`` from C and level
 ``l - 1``.
 
-What is generated, and the rest of the codec stack. The finest level *is* the first quantizer's
-full-rate sequence, so ``Generation.speech`` is the first-quantizer codes ``[T]``. The other seven
-codebooks of ``offline_rvq`` are not generated (docs/design.md section 6): the codec decoder decodes from
-the first quantizer alone, since the residual stack is trained so that any prefix of it decodes
-(``load_codec("offline_rvq", model=..., n_codebooks=1)``). The paper predicts only the first DAC
-quantizer too and does not say how the other eight are obtained; an acoustic stage would add cost
-that no other paradigm here pays.
+What is generated: complete acoustic tokens (option ``codebooks``). The coarse levels are the
+first quantizer's decimations; the finest level yields every codebook of the RVQ stack (``codebooks:
+all`` in the config, which the training engine resolves to the tokens' count: 8 for ``offline_rvq``,
+9 for DAC), so ``Generation.speech`` is ``[K, T]`` and the codec decodes the whole stack. The paper
+compares CoD with "DAC recon." (Tables I, III) and its second tokenizer adds quantizers to the full
+RVQ (IV-A), which only makes sense for complete tokens; it does not say how the codebooks after the
+first are produced. Here, as a single-stage masked acoustic model does (its reference [11]), the
+shared decoder produces them at the finest level, conditioned on level ``L - 1``:
+
+* input: at the finest level the prompt's frames carry their whole stack (the sum of one embedding
+  per codebook, ``acoustic_embed``, added to the first quantizer's), so the voice's fine detail is
+  in context; target frames carry the first quantizer or ``<mask>`` as at every level;
+* output: a second head (``acoustic_head``) predicts codebooks ``2..K`` of every target frame whose
+  first-quantizer token is in the input (not masked): at decoding, after the finest level's
+  MaskGIT steps have committed every first-quantizer token, one more pass (conditional, no
+  guidance) reads the rest of the stack from it, greedily (decoding ``acoustic_temperature: 0``);
+* loss: one cross-entropy term per frame prediction, the first quantizer's at masked frames (as
+  before) and the mean over codebooks ``2..K`` at unmasked target frames, each frame counted once.
+
+``codebooks: 1`` is the first-quantizer-only variant (the finest level is the first quantizer and
+the codec decodes from it alone, ``load_codec("offline_rvq", n_codebooks=1)``): it reads at ~67 %
+WER on the offline codec (``resynth_offline_rvq_q1``) against ~12 % for the stack, so it is a named
+row (``cod_q1``), not the default. A checkpoint whose config predates the option is this variant.
 
 Coarse token types (Table V; option ``coarse_tokenizer``, a folder of :mod:`arnar.codec.coarse`).
 Unset, the coarse levels are the decimations above. Set, levels ``1 .. L-1`` are tokens of another
@@ -89,8 +105,10 @@ is one run instead of two and nothing flows between them). Frames of the finest 
 seconds: the paradigm does not know the codec's frame rate, and ``T`` sets every level's length.
 
 Loss contract (sums plus a count, the engine divides by the global count): the masked-token
-cross-entropy is summed over masked tokens; an utterance's duration error is added
-``n_b`` times, ``n_b`` its number of masked tokens, and ``n_targets`` counts masked tokens only.
+cross-entropy is summed over masked tokens, plus (``codebooks`` > 1) the per-frame mean
+cross-entropy of codebooks 2..K over the given target frames of the finest level; an utterance's
+duration error is added ``n_b`` times, ``n_b`` its number of targets, and ``n_targets`` counts the
+targets (masked tokens, plus those frames).
 After the engine's division the objective is therefore ``CE mean + duration_weight * (token-weighted
 mean duration L1)`` whatever the batch composition, world size or accumulation, which a per-utterance
 sum divided by a token count would not be.
@@ -117,7 +135,7 @@ Both schedules restart at every level: each level is its own MaskGIT decoding (t
 start decoding to the end" and runs one decoding per level). ``Generation.forward_passes`` counts
 sequential backbone calls: CFG runs the conditional and the unconditional input as one batch of two,
 which is one pass, so a decoding costs ``levels * steps`` passes (fewer only if a level has fewer
-tokens than steps and finishes early). The duration predictor's single call is a separate small
+tokens than steps and finishes early), plus one that reads codebooks 2..K when ``codebooks`` > 1. The duration predictor's single call is a separate small
 network and is reported as ``info["duration_passes"]``.
 
 Synthesis inputs. :class:`~arnar.paradigms.base.SynthesisRequest` carries BPE ids; CoD needs
@@ -173,6 +191,7 @@ DECODING = {
     "noise_start": 3.0,  # variance of the Gaussian logit noise, linear over a level's steps (IV-B)
     "noise_end": 0.0,
     "length": "predictor",  # predictor | prompt_rate (when the request gives no target_frames)
+    "acoustic_temperature": 0.0,  # codebooks 2..K (option codebooks > 1): 0 = the most likely code, else sampled
 }
 MAX_FRAMES_PER_PHONEME = 64  # safety cap on a predicted length (1.3 s per phoneme at 50 Hz)
 
@@ -278,13 +297,18 @@ class CoD(Paradigm):
                  previous_noise: float = 0.1, speech_prompt: bool = True, prompt_max: float = 0.4,
                  duration_dim: int = 128, duration_layers: int = 2, duration_heads: int = 2,
                  duration_weight: float = 1.0, coarse_tokenizer: str | None = None,
-                 text_positions: str = "sequence", **unknown: Any):
+                 text_positions: str = "sequence", codebooks: int | str = 1, **unknown: Any):
         from arnar.nn import TransformerConfig
 
         if unknown:
             raise ValueError(f"CoD: unknown options {sorted(unknown)}")
         if text_positions not in TEXT_POSITIONS:
             raise ValueError(f"CoD text_positions must be one of {TEXT_POSITIONS}, got {text_positions!r}")
+        if codebooks == "all":
+            raise ValueError("CoD codebooks 'all' is resolved from the token set by the training engine (arnar.train); "
+                             "give the number of codebooks here")
+        if isinstance(codebooks, bool) or not isinstance(codebooks, int) or codebooks < 1:
+            raise ValueError(f"CoD codebooks must be a whole number >= 1 or 'all', got {codebooks!r}")
         levels = int(levels)
         if levels < 1:
             raise ValueError(f"CoD levels must be >= 1, got {levels}")
@@ -305,7 +329,7 @@ class CoD(Paradigm):
                          previous_noise=previous_noise, speech_prompt=speech_prompt, prompt_max=prompt_max,
                          duration_dim=duration_dim, duration_layers=duration_layers,
                          duration_heads=duration_heads, duration_weight=duration_weight,
-                         coarse_tokenizer=coarse_tokenizer, text_positions=text_positions)
+                         coarse_tokenizer=coarse_tokenizer, text_positions=text_positions, codebooks=codebooks)
         self.text_positions = text_positions
         self.n_levels = levels
         self.level_probs = torch.tensor(probs, dtype=torch.float)
@@ -330,6 +354,15 @@ class CoD(Paradigm):
             self.previous_embed.weight[0].zero_()
         nn.init.normal_(self.null_phoneme, std=0.02)
         nn.init.normal_(self.null_previous, std=0.02)
+        # the rest of the RVQ stack at the finest level (module docstring): one embedding table per
+        # codebook 2..K (rows code + 1; row 0 of each, "not given", is masked out) and one head
+        self.codebooks = int(codebooks)
+        if self.codebooks > 1:
+            self.acoustic_embed = nn.Embedding((self.codebooks - 1) * (vocab.speech_size + 1), dim)
+            self.acoustic_head = nn.Linear(dim, (self.codebooks - 1) * vocab.speech_size)
+            nn.init.normal_(self.acoustic_embed.weight, std=0.02)
+            nn.init.normal_(self.acoustic_head.weight, std=0.02)
+            nn.init.zeros_(self.acoustic_head.bias)
         self.duration = DurationPredictor(self.n_phonemes, self.speaker_dim, int(duration_dim),
                                           int(duration_layers), int(duration_heads), cfg.dropout)
         self.backbone_calls = 0  # sequential calls of the shared backbone (Generation.forward_passes)
@@ -401,10 +434,11 @@ class CoD(Paradigm):
         return torch.cat([spread_positions(n_phonemes, n_speech), torch.arange(n_speech)])
 
     def embed_inputs(self, input_ids: Tensor, phonemes: Tensor, previous: Tensor, level: Tensor,
-                     drop: Tensor) -> Tensor:
+                     drop: Tensor, acoustic: Tensor | None = None) -> Tensor:
         """[B, S, dim] inputs of the shared decoder (layout in the module docstring). ``phonemes``
         and ``previous`` [B, S] hold id + 1 (0: none), ``level`` [B] 1..L, ``drop`` [B] bool: the
-        condition is replaced by the null embeddings (CFG)."""
+        condition is replaced by the null embeddings (CFG). ``acoustic`` [B, S, K - 1]: codes + 1 of
+        codebooks 2..K where a frame gives them (0: not given), with ``codebooks`` > 1."""
         x = self.embed(input_ids)
         is_phoneme = (phonemes > 0)[..., None]
         drop = drop.bool()[:, None, None]
@@ -413,18 +447,29 @@ class CoD(Paradigm):
         has_previous = (previous > 0)[..., None]
         previous_x = torch.where(drop, self.null_previous.to(x.dtype), self.previous_embed(previous))
         x = x + previous_x * has_previous
+        if acoustic is not None and self.codebooks > 1:
+            rows = acoustic.long() + torch.arange(self.codebooks - 1, device=acoustic.device) * (self.vocab.speech_size + 1)
+            x = x + (self.acoustic_embed(rows) * (acoustic > 0)[..., None]).sum(-2).to(x.dtype)
         return x + self.level_embed(level.long() - 1)[:, None, :]
 
-    def level_logits(self, input_ids: Tensor, position_ids: Tensor, phonemes: Tensor, previous: Tensor,
-                     level: Tensor, drop: Tensor, speaker: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """One pass of the shared decoder -> [B, S, vocab.size] logits (counted in ``backbone_calls``)."""
+    def level_hidden(self, input_ids: Tensor, position_ids: Tensor, phonemes: Tensor, previous: Tensor,
+                     level: Tensor, drop: Tensor, speaker: Tensor, attention_mask: Tensor | None = None,
+                     acoustic: Tensor | None = None) -> Tensor:
+        """One pass of the shared decoder -> [B, S, dim] hidden states (counted in ``backbone_calls``)."""
         B, S = input_ids.shape
         if attention_mask is None:  # bidirectional everywhere
             attention_mask = torch.ones(B, S, S, dtype=torch.bool, device=input_ids.device)
-        x = self.embed_inputs(input_ids, phonemes, previous, level, drop)
+        x = self.embed_inputs(input_ids, phonemes, previous, level, drop, acoustic)
         self.backbone_calls += 1
-        hidden = self.backbone(x, position_ids, attention_mask, cond=self.speaker_proj(speaker.reshape(B, -1)))
-        return self.head(hidden)
+        return self.backbone(x, position_ids, attention_mask, cond=self.speaker_proj(speaker.reshape(B, -1)))
+
+    def level_logits(self, *args: Any, **kwargs: Any) -> Tensor:
+        """:meth:`level_hidden` through the shared head -> [B, S, vocab.size] logits."""
+        return self.head(self.level_hidden(*args, **kwargs))
+
+    def acoustic_logits(self, hidden: Tensor) -> Tensor:
+        """[..., dim] hidden states -> [..., K - 1, speech_size] logits of codebooks 2..K."""
+        return self.acoustic_head(hidden).unflatten(-1, (self.codebooks - 1, self.vocab.speech_size))
 
     # -- training
     def prompt_frames(self, n_frames: int, generator: torch.Generator) -> int:
@@ -488,21 +533,54 @@ class CoD(Paradigm):
         extras = {"phonemes": phoneme_extra, "previous": previous_extra, "level": torch.tensor(level),
                   "drop": torch.tensor(drop), "speaker": speaker[None],  # [1, D]: never mistaken for per-position
                   "log_frames": torch.tensor(math.log(T), dtype=torch.float)}
+        if self.codebooks > 1:  # the rest of the stack at the finest level (module docstring); zeros elsewhere
+            acoustic_in = torch.zeros(S, self.codebooks - 1, dtype=torch.long)
+            acoustic_targets = torch.zeros(S, self.codebooks - 1, dtype=torch.long)
+            if level == self.n_levels:
+                stack = self.acoustic_codes(utt).T + 1  # [T, K - 1], codes + 1
+                acoustic_in[P:P + n_prompt] = stack[:n_prompt]
+                given = ~masked
+                given[:n_prompt] = False
+                acoustic_targets[P:][given] = stack[given]
+            extras["acoustic"], extras["acoustic_targets"] = acoustic_in, acoustic_targets
         return Example(input_ids, self.level_positions(P, N), targets, torch.ones(S, S, dtype=torch.bool), extras)
+
+    def acoustic_codes(self, utt: Utterance) -> Tensor:
+        """Codes ``[K - 1, T]`` of codebooks 2..K of ``utt``, checked."""
+        stack = utt.acoustic
+        if stack is None or tuple(stack.shape) != (self.codebooks - 1, utt.num_frames):
+            got = "none" if stack is None else f"shape {tuple(stack.shape)}"
+            raise ValueError(f"{utt.utt_id}: CoD with codebooks {self.codebooks} needs codebooks 2..{self.codebooks} "
+                             f"of its {utt.num_frames} frames (load_utterances(codebooks={self.codebooks})), got {got}")
+        return stack.long()
 
     def forward(self, batch: Batch) -> LossOutput:
         ex = batch.extras
         speaker = ex["speaker"].reshape(len(batch.input_ids), -1)
-        logits = self.level_logits(batch.input_ids, batch.position_ids, ex["phonemes"], ex["previous"],
-                                   ex["level"], ex["drop"], speaker, batch.attention_mask)
-        out = token_cross_entropy(logits, batch.targets)
+        hidden = self.level_hidden(batch.input_ids, batch.position_ids, ex["phonemes"], ex["previous"],
+                                   ex["level"], ex["drop"], speaker, batch.attention_mask, ex.get("acoustic"))
+        out = token_cross_entropy(self.head(hidden), batch.targets)
+        per_sequence_targets = (batch.targets != IGNORE).sum(1).float()
+        if self.codebooks > 1:
+            # codebooks 2..K at the target frames whose first quantizer is given: one prediction per
+            # frame (the mean of its codebooks' cross-entropies), counted as one target
+            gold = ex["acoustic_targets"]
+            frames = gold[..., 0] > 0
+            logits = self.acoustic_logits(hidden[frames]).float()
+            codes = gold[frames] - 1
+            cross_entropy = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes.reshape(-1),
+                                                        reduction="none").view_as(codes)
+            out.loss_sum = out.loss_sum + cross_entropy.mean(-1).sum()
+            out.n_targets = out.n_targets + frames.sum()
+            # "correct" stays a share of all predictions: a frame adds the share of its codebooks right
+            out.metrics["correct"] = out.metrics["correct"] + (logits.argmax(-1) == codes).float().mean(-1).sum().detach()
+            per_sequence_targets = per_sequence_targets + frames.sum(1).float()
         # duration predictor on the (never dropped) phoneme prefix
         n_phonemes = (ex["phonemes"] > 0).sum(1)
         width = max(int(n_phonemes.max()), 1)
         phonemes = (ex["phonemes"][:, :width] - 1).clamp_min(0)
         predicted = self.duration(phonemes, n_phonemes, speaker)
         error = (predicted - ex["log_frames"].float()).abs()
-        per_sequence_targets = (batch.targets != IGNORE).sum(1).float()
         duration_sum = (error * per_sequence_targets).sum()
         out.loss_sum = out.loss_sum + self.duration_weight * duration_sum
         out.metrics["duration_abs_log_error"] = duration_sum.detach()
@@ -588,6 +666,15 @@ class CoD(Paradigm):
             raise ValueError("CoD synthesis request: the text has no phonemes")
         prompt = trim_prompt(request.prompt_speech.long().cpu(), self.prompt_multiple) if self.speech_prompt \
             else torch.zeros(0, dtype=torch.long)
+        prompt_acoustic = torch.zeros(max(self.codebooks - 1, 0), 0, dtype=torch.long)
+        if self.codebooks > 1 and len(prompt):  # the prompt's whole stack, trimmed as its first quantizer
+            stack = request.prompt_acoustic
+            if stack is None or tuple(stack.shape) != (self.codebooks - 1, len(request.prompt_speech)):
+                got = "none" if stack is None else f"shape {tuple(stack.shape)}"
+                raise ValueError(f"CoD synthesis request: codebooks {self.codebooks} needs the prompt's codebooks "
+                                 f"2..{self.codebooks} of its {len(request.prompt_speech)} frames "
+                                 f"(request.prompt_acoustic), got {got}")
+            prompt_acoustic = stack.long().cpu()[:, stack.shape[1] - len(prompt):]
         prompt_phonemes = torch.zeros(0, dtype=torch.long)
         if self.speech_prompt:
             prompt_phonemes, _ = self._features({"phonemes": features.get("prompt_phonemes", prompt_phonemes),
@@ -603,7 +690,7 @@ class CoD(Paradigm):
         prompt_levels = self.speech_levels(prompt, features, "prompt_coarse", "CoD synthesis request (prompt)") \
             if self.speech_prompt else [torch.zeros(0, dtype=torch.long)] * self.n_levels
         return {"phonemes": torch.cat([prompt_phonemes, text_phonemes]), "speaker": speaker, "prompt": prompt,
-                "prompt_levels": prompt_levels, "n_frames": n_frames, "length_from": length_from,
+                "prompt_acoustic": prompt_acoustic, "prompt_levels": prompt_levels, "n_frames": n_frames, "length_from": length_from,
                 "duration_passes": duration_passes, "level_lengths": [], "finished": None}
 
     def _level_sequence(self, item: dict[str, Any], level: int, factor: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -661,10 +748,19 @@ class CoD(Paradigm):
             previous_extra, _ = right_padded([seq[2] for seq in sequences], device, pad=0)
             positions, _ = right_padded([self.level_positions(len(item["phonemes"]), item["level_lengths"][-1])
                                          for item in items], device, pad=0)  # a padding key is never attended
+            acoustic = None
+            if self.codebooks > 1 and level == self.n_levels:  # the prompt's whole stack in context
+                acoustic = torch.zeros(B, input_ids.shape[1], self.codebooks - 1, dtype=torch.long)
+                for b, item in enumerate(items):
+                    first = len(item["phonemes"])
+                    acoustic[b, first:first + item["prompt_acoustic"].shape[1]] = item["prompt_acoustic"].T + 1
+                acoustic = rows(acoustic.to(device))
             batch_inputs = dict(position_ids=rows(positions),
                                 phonemes=rows(phoneme_extra), previous=rows(previous_extra),
                                 level=torch.full((copies * B,), level, device=device), drop=drop,
                                 speaker=speaker_rows, attention_mask=rows(padded_attention(keys)))
+            if acoustic is not None:
+                batch_inputs["acoustic"] = acoustic
             masked = [torch.ones(item["n_target"], dtype=torch.bool, device=device) for item in items]
             schedules = [masks_per_step(item["n_target"], steps) for item in items]
             for step in range(steps):
@@ -696,8 +792,29 @@ class CoD(Paradigm):
             for b, item in enumerate(items):
                 P = len(item["phonemes"])
                 item["finished"] = self.vocab.speech_codes(input_ids[b, P:item["start"] + item["n_target"]].cpu())
+        speech = [item["finished"][len(item["prompt"]):] for item in items]
+        if self.codebooks > 1:  # one more pass reads codebooks 2..K of every generated frame (module docstring)
+            conditional = {key: value[:B] for key, value in batch_inputs.items()}
+            hidden = self.level_hidden(input_ids[:B], **conditional)
+            for b, item in enumerate(items):
+                logits = self.acoustic_logits(hidden[b, item["start"]:item["start"] + item["n_target"]]).float().cpu()
+                speech[b] = torch.cat([speech[b][None], self.acoustic_sample(logits, opts["acoustic_temperature"],
+                                                                              generators[b]).T])
         passes = self.backbone_calls - calls_before
-        return [Generation(item["finished"][len(item["prompt"]):], forward_passes=passes, info={
+        return [Generation(codes, forward_passes=passes, info={
             "target_frames": item["n_frames"], "length_from": item["length_from"], "levels": self.n_levels,
             "steps": steps, "level_lengths": item["level_lengths"], "prompt_frames_used": len(item["prompt"]),
-            "duration_passes": item["duration_passes"], "guidance_form": form}) for item in items]
+            "duration_passes": item["duration_passes"], "guidance_form": form, "codebooks": self.codebooks})
+            for item, codes in zip(items, speech)]
+
+    @staticmethod
+    def acoustic_sample(logits: Tensor, temperature: float, generator: torch.Generator) -> Tensor:
+        """Codes ``[n, K - 1]`` from logits ``[n, K - 1, V]``: the most likely at temperature 0,
+        else drawn from ``softmax(logits / temperature)`` with ``generator``."""
+        if temperature < 0:
+            raise ValueError(f"CoD acoustic_temperature must be >= 0, got {temperature}")
+        if temperature == 0 or logits.shape[0] == 0:
+            return logits.argmax(-1)
+        probs = (logits / temperature).softmax(-1)
+        flat = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
+        return flat.view(probs.shape[:-1])

@@ -12,8 +12,20 @@ evenly over the frames instead, :func:`stretched_text`); ``PE`` is a sinusoidal 
 The shared backbone also applies RoPE at the same positions (arnar.nn.Transformer always does):
 one more relative-position signal, on top of the paper's two.
 
+Layout (option ``layout``): the above is ``fused`` (default, the paper's Fig. 3a network).
+``concat`` (not the paper's network; its Discussion says pseudo-autoregressive generation fits
+temporal concatenation, as in MaskGCT, as well as feature fusion, as in E2 TTS) puts the text in
+front of the speech instead: each stage reads ``x_ref x_gen c_1 .. c_T`` (text shared ids, then
+codes or ``<mask>``) at RoPE positions ``0 .. L+T-1``, bidirectional, through embed, backbone and
+head only (no ConvNeXt, fusion, sinusoidal or convolutional position embeddings), and the logits
+are read at the speech positions. That is the AR baseline's layout, with AR's parameter names
+(``stage_one.embed.weight``, ``stage_one.backbone.*``, ``stage_one.head.weight``, the same for
+stage two), so a run can start both stages from the trained AR run (``train.init_matching``).
+:func:`stage_input` is where the two layouts differ; everything below (masks, losses, decoding)
+is the same for both. ``text_layout`` is an option of ``fused`` only.
+
 Training (one :class:`Example` per utterance: ``input_ids`` = the speech stream, ``extras["text_ids"]``
-= the padded text stream, all-True attention):
+= the padded text stream (``concat``: ``input_ids`` = text then speech, no extras), all-True attention):
 
 * stage one (Eqs. 7-9): the first ``floor(0.3 T)`` frames are a prompt; a span start
   ``s ~ U{floor(0.3T), ..., T - floor(0.1T) - 1}`` is drawn, every frame from ``s`` on is masked,
@@ -137,6 +149,25 @@ def text_stream(vocab, text: torch.Tensor, length: int, layout: str) -> torch.Te
     return padded_text(vocab, text, length) if layout == "pad" else stretched_text(vocab, text, length)
 
 
+LAYOUTS = ("fused", "concat")  # text fused along the feature dimension (Fig. 3a) | in front of the speech
+
+
+def stage_input(vocab, text: torch.Tensor, speech: torch.Tensor, layout: str = "fused",
+                text_layout: str = "pad") -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """What a stage network reads for BPE ids ``text`` and the speech stream ``speech`` (``[T]``
+    shared ids, codes or ``<mask>``): ``(input_ids, text_ids, offset)``, speech frame ``t`` at input
+    position ``offset + t``, RoPE positions ``0 .. len(input_ids) - 1`` in both layouts. The one
+    place where the layouts differ (besides the network each builds):
+
+    * ``fused``: ``input_ids`` = ``speech``; ``text_ids`` = the text stream of ``text_layout`` over
+      the ``T`` frames (:func:`text_stream`); offset 0.
+    * ``concat``: ``input_ids`` = the text's shared ids then ``speech``, ``[L + T]``; no
+      ``text_ids``; offset ``L``."""
+    if layout == "fused":
+        return speech, text_stream(vocab, text, len(speech), text_layout), 0
+    return torch.cat([vocab.text(text), speech]), None, len(text)
+
+
 def span_mask(T: int, generator: torch.Generator, prompt_ratio: float = 0.3,
               span_ratio: float = 0.1, span_scoring: str = "left_most") -> tuple[torch.Tensor, torch.Tensor, int]:
     """Stage-one training mask (Eqs. 7-9): ``(masked, scored, s)``, bool ``[T]`` each.
@@ -252,8 +283,8 @@ def sinusoidal_positions(position_ids: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class PalleNetwork(nn.Module):
-    """One PALLE masked generative transformer (PALLE Sec. 4.1, Fig. 3a): speech and padded text
-    streams of equal length -> logits over the shared vocabulary at every position.
+    """One PALLE masked generative transformer of layout ``fused`` (PALLE Sec. 4.1, Fig. 3a): speech
+    and padded text streams of equal length -> logits over the shared vocabulary at every position.
 
     One embedding table serves both streams: text and speech ids are disjoint ranges of the shared
     vocabulary, so this is the same as two tables (the rows a stream never uses get no gradient)
@@ -289,6 +320,8 @@ class PalleNetwork(nn.Module):
     def hidden(self, speech_ids: torch.Tensor, text_ids: torch.Tensor, position_ids: torch.Tensor,
                attention_mask: torch.Tensor) -> torch.Tensor:
         """``[B, S]`` speech and text ids -> ``[B, S, dim]`` backbone output."""
+        if text_ids is None:
+            raise ValueError("PALLE's fused layout needs text_ids, the padded text stream")
         self.passes += 1
         if position_ids.dim() == 1:
             position_ids = position_ids.unsqueeze(0).expand_as(speech_ids)
@@ -303,6 +336,37 @@ class PalleNetwork(nn.Module):
 
     def forward(self, speech_ids, text_ids, position_ids, attention_mask) -> torch.Tensor:
         return self.head(self.hidden(speech_ids, text_ids, position_ids, attention_mask))
+
+
+class ConcatNetwork(nn.Module):
+    """One PALLE stage of layout ``concat``: ``[B, S]`` ids (the text, then the speech stream; see
+    :func:`stage_input`) -> logits at every position, through the AR baseline's modules under its
+    names and shapes (``embed``, ``backbone``, ``head``, initialised as :class:`Paradigm` does), so
+    that an AR state dict loads into it by :func:`arnar.train.checkpoints.matching_tensors`.
+    ``hidden`` and ``forward`` take :class:`PalleNetwork`'s arguments, so that the paradigm calls
+    either network alike; ``text_ids`` must be None here (the text is in ``input_ids``)."""
+
+    def __init__(self, vocab_size: int, cfg):
+        super().__init__()
+        from arnar.nn import Transformer
+
+        self.embed = nn.Embedding(vocab_size, cfg.dim)
+        self.backbone = Transformer(cfg)
+        self.head = nn.Linear(cfg.dim, vocab_size, bias=False)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.normal_(self.head.weight, std=0.02)
+        self.passes = 0
+
+    def hidden(self, input_ids: torch.Tensor, text_ids: torch.Tensor | None, position_ids: torch.Tensor,
+               attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, S]`` ids -> ``[B, S, dim]`` backbone output."""
+        if text_ids is not None:
+            raise ValueError("PALLE's concat layout reads the text in input_ids; it takes no text_ids")
+        self.passes += 1
+        return self.backbone(self.embed(input_ids), position_ids, attention_mask)
+
+    def forward(self, input_ids, text_ids, position_ids, attention_mask) -> torch.Tensor:
+        return self.head(self.hidden(input_ids, text_ids, position_ids, attention_mask))
 
 
 def _initialise_stage_two_after_load(module: "PALLE", incompatible_keys) -> None:
@@ -322,7 +386,7 @@ class PALLE(Paradigm):
     def __init__(self, vocab, model, *, stage: int = 1, prompt_ratio: float = 0.3, span_ratio: float = 0.1,
                  refine_mask_prob: float = 0.1, convnext_kernel: int = 7, convnext_ffn_ratio: float = 2.0,
                  conv_pos_kernel: int = 7, conv_pos_groups: int = 16, text_layout: str = "pad",
-                 span_scoring: str = "left_most", input_noise: float = 0.0, **unknown: Any):
+                 span_scoring: str = "left_most", input_noise: float = 0.0, layout: str = "fused", **unknown: Any):
         if unknown:
             raise ValueError(f"PALLE: unknown options {sorted(unknown)}")
         if not 0.0 <= float(input_noise) < 1.0:
@@ -331,6 +395,11 @@ class PALLE(Paradigm):
             raise ValueError(f"PALLE span_scoring must be one of {SPAN_SCORINGS}, got {span_scoring!r}")
         if text_layout not in TEXT_LAYOUTS:
             raise ValueError(f"PALLE text_layout must be one of {TEXT_LAYOUTS}, got {text_layout!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"PALLE layout must be one of {LAYOUTS}, got {layout!r}")
+        if layout == "concat" and text_layout != "pad":
+            raise ValueError(f"PALLE text_layout {text_layout!r} spreads the text stream of layout 'fused'; layout "
+                             f"'concat' puts the text in front of the speech: leave text_layout at 'pad'")
         if stage not in (1, 2):
             raise ValueError(f"PALLE stage must be 1 or 2, got {stage!r}")
         if not (0.0 <= prompt_ratio and 0.0 < span_ratio and prompt_ratio + span_ratio < 1.0):
@@ -342,23 +411,27 @@ class PALLE(Paradigm):
                         "conv_pos_kernel": conv_pos_kernel, "conv_pos_groups": conv_pos_groups}
         super().__init__(vocab, model, stage=stage, prompt_ratio=prompt_ratio, span_ratio=span_ratio,
                          refine_mask_prob=refine_mask_prob, text_layout=text_layout, span_scoring=span_scoring,
-                         input_noise=float(input_noise), **architecture)
-        self.text_layout, self.span_scoring = text_layout, span_scoring
+                         input_noise=float(input_noise), layout=layout, **architecture)
+        self.layout, self.text_layout, self.span_scoring = layout, text_layout, span_scoring
         self.input_noise = float(input_noise)
         # The base class's single embed/backbone/head would be dead weights here (in the checkpoint,
         # the parameter count and, without gradients, an error for DDP): each network has its own.
         del self.embed, self.backbone, self.head
         self.stage = int(stage)
         self.prompt_ratio, self.span_ratio, self.refine_mask_prob = prompt_ratio, span_ratio, refine_mask_prob
-        self.stage_one = PalleNetwork(vocab.size, self.model_config, **architecture)
-        self.stage_two = PalleNetwork(vocab.size, self.model_config, **architecture)
+        if layout == "fused":
+            self.stage_one = PalleNetwork(vocab.size, self.model_config, **architecture)
+            self.stage_two = PalleNetwork(vocab.size, self.model_config, **architecture)
+        else:  # the architecture options are the fused network's
+            self.stage_one = ConcatNetwork(vocab.size, self.model_config)
+            self.stage_two = ConcatNetwork(vocab.size, self.model_config)
         # only the network of this stage trains; the engine's optimiser takes requires_grad params
         self.network(3 - self.stage).requires_grad_(False)
         self.register_buffer("stage_two_initialised", torch.tensor(False))
         self._not_speech = ~vocab.is_speech(torch.arange(vocab.size))  # [V], on the CPU where sampling runs
         self.register_load_state_dict_post_hook(_initialise_stage_two_after_load)
 
-    def network(self, stage: int | None = None) -> PalleNetwork:
+    def network(self, stage: int | None = None) -> PalleNetwork | ConcatNetwork:
         return self.stage_one if (stage or self.stage) == 1 else self.stage_two
 
     @torch.no_grad()
@@ -368,9 +441,9 @@ class PALLE(Paradigm):
         self.stage_two_initialised.fill_(True)
 
     def sequence_length(self, utt: Utterance) -> int:
-        """Training sequence length for the engine's token budget: the speech length (the text is
-        fused along the feature dimension, not appended)."""
-        return utt.num_frames
+        """Training sequence length for the engine's token budget: the speech length (``fused``:
+        the text is fused along the feature dimension, not appended), plus the text's (``concat``)."""
+        return utt.num_frames + (len(utt.text) if self.layout == "concat" else 0)
 
     # -- training
     def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
@@ -387,15 +460,17 @@ class PALLE(Paradigm):
             read = torch.where(generated, noisy, utt.speech)
         inputs = torch.where(masked, torch.tensor(MASK), self.vocab.speech(read))
         targets = torch.where(scored, speech, torch.tensor(IGNORE))
-        return Example(inputs, torch.arange(T), targets, torch.ones(T, T, dtype=torch.bool),
-                       extras={"text_ids": text_stream(self.vocab, utt.text, T, self.text_layout)})
+        input_ids, text_ids, offset = stage_input(self.vocab, utt.text, inputs, self.layout, self.text_layout)
+        S = len(input_ids)
+        targets = torch.cat([torch.full((offset,), IGNORE, dtype=torch.long), targets])  # no loss on the text
+        return Example(input_ids, torch.arange(S), targets, torch.ones(S, S, dtype=torch.bool),
+                       extras={} if text_ids is None else {"text_ids": text_ids})
 
     def logits(self, input_ids, position_ids, attention_mask=None, cache=None, cond=None, *,
                text_ids: torch.Tensor | None = None, stage: int | None = None) -> torch.Tensor:
-        """``[B, S]`` speech-stream ids and ``text_ids`` (the padded text stream) -> logits of the
-        network of ``stage`` (default: the one this model trains). Bidirectional, no cache."""
-        if text_ids is None:
-            raise ValueError("PALLE.logits needs text_ids, the padded text stream")
+        """``[B, S]`` input ids of the layout (:func:`stage_input`; ``fused``: the speech stream, with
+        ``text_ids`` the padded text stream; ``concat``: text then speech, no ``text_ids``) -> logits
+        of the network of ``stage`` (default: the one this model trains). Bidirectional, no cache."""
         if cache is not None or cond is not None:
             raise ValueError("PALLE has no KV cache and no conditioning vector")
         if attention_mask is None:
@@ -408,7 +483,7 @@ class PALLE(Paradigm):
             raise RuntimeError("PALLE stage 2 fine-tunes the stage-one model (PALLE, arXiv:2504.10352, Sec. 5.1): start the run "
                                "from a stage-1 run (train.init_from=<stage-1 run dir>)")
         logits = self.logits(batch.input_ids, batch.position_ids, batch.attention_mask,
-                             text_ids=batch.extras["text_ids"])
+                             text_ids=batch.extras.get("text_ids"))
         return token_cross_entropy(logits, batch.targets)
 
     # -- decoding
@@ -431,37 +506,43 @@ class PALLE(Paradigm):
         return opts
 
     def _plan(self, request: SynthesisRequest, opts: dict[str, Any]) -> dict[str, Any]:
-        """One request's lengths, stage-one spans and initial streams (Eqs. 12-13)."""
+        """One request's lengths, stage-one spans and initial input (Eqs. 12-13, :func:`stage_input`):
+        ``ids``, ``text`` (the text stream; None in ``concat``) and ``first``, the input position of
+        the first generated frame."""
         n_prompt, L_ref, L_gen = len(request.prompt_speech), len(request.prompt_text), len(request.text)
         # T_gen: given (ground-truth duration) or the linear estimate of Eq. 11; times Fig. 5's multiplier
         given = request.target_frames is not None
         n_generate = int(request.target_frames) if given else total_frames_estimate(n_prompt, L_ref, L_gen)
         n_generate = max(1, round(n_generate * float(opts["duration_multiplier"])))
         # the padded text must fit (Eq. 13): at least one frame per text token, so no word is cut
+        # (concat cuts nothing, but lengthens alike: both layouts decode the same lengths)
         fitted = max(n_generate, L_ref + L_gen - n_prompt)
         total = n_prompt + fitted
+        # Eqs. 12-13: prompt codes then <mask>; prompt transcript + target text then <pad> (fused)
+        speech = torch.cat([self.vocab.speech(request.prompt_speech), torch.full((fitted,), MASK, dtype=torch.long)])
+        ids, text, offset = stage_input(self.vocab, torch.cat([request.prompt_text, request.text]), speech,
+                                        self.layout, self.text_layout)
         return {
             "n_prompt": n_prompt, "n_generate": fitted, "given": given, "text_fit": fitted > n_generate,
             "spans": stage_one_spans(fitted, int(opts["steps"]), total, rule=opts["stage_one_rule"], r=opts["r"]),
-            # Eqs. 12-13: prompt codes then <mask>; prompt transcript + target text then <pad>
-            "speech": torch.cat([self.vocab.speech(request.prompt_speech), torch.full((fitted,), MASK, dtype=torch.long)]),
-            "text": text_stream(self.vocab, torch.cat([request.prompt_text, request.text]), total, self.text_layout),
+            "ids": ids, "text": text, "first": offset + n_prompt,
         }
 
-    def _pass(self, network: PalleNetwork, streams: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _pass(self, network: PalleNetwork | ConcatNetwork, streams: dict[str, torch.Tensor]) -> torch.Tensor:
         """One pass of ``network`` over the batch (``streams`` of :meth:`generate_batch`) ->
         hidden states ``[B, S, dim]``."""
-        return network.hidden(streams["speech"], streams["text"], streams["positions"], streams["attention"])
+        return network.hidden(streams["ids"], streams["text"], streams["positions"], streams["attention"])
 
-    def _speech_logits(self, network: PalleNetwork, hidden: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """One item's ``hidden`` ``[S, dim]`` -> float logits ``[len(at), V]`` at frames ``at``, on
-        the CPU, every id but the speech ids at -inf."""
+    def _speech_logits(self, network: PalleNetwork | ConcatNetwork, hidden: torch.Tensor,
+                       at: torch.Tensor) -> torch.Tensor:
+        """One item's ``hidden`` ``[S, dim]`` -> float logits ``[len(at), V]`` at input positions
+        ``at``, on the CPU, every id but the speech ids at -inf."""
         logits = network.head(hidden[at.to(hidden.device)]).float().cpu()
         return logits.masked_fill(self._not_speech, float("-inf"))
 
-    def _predict(self, network: PalleNetwork, hidden: torch.Tensor, at: torch.Tensor, generator: torch.Generator,
-                 opts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled speech ids at frames ``at`` of one item's ``hidden`` and their confidence
+    def _predict(self, network: PalleNetwork | ConcatNetwork, hidden: torch.Tensor, at: torch.Tensor,
+                 generator: torch.Generator, opts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled speech ids at input positions ``at`` of one item's ``hidden`` and their confidence
         ``log P^max`` (Eq. 16). Sampling runs on the CPU, where the caller's generator lives (the
         same draws on any device)."""
         logits = self._speech_logits(network, hidden, at)
@@ -470,29 +551,30 @@ class PALLE(Paradigm):
 
     def commit_spans(self, streams: dict[str, torch.Tensor], items: list[dict[str, Any]],
                      generators: list[torch.Generator], opts: dict[str, Any]) -> None:
-        """Stage one (Eq. 14), in place on ``streams["speech"]`` (prompt codes then ``<mask>``): each
-        pass predicts every frame and commits, for every item with spans left, its next span of
-        left-most still-masked frames. Sets each item's ``confidence``, the ``log P^max`` each
-        generated frame was committed with ``[T_gen]``. An item whose spans are done rides along
-        unchanged until the last item's are."""
-        speech = streams["speech"]
+        """Stage one (Eq. 14), in place on ``streams["ids"]`` (prompt codes then ``<mask>``, after
+        the text in ``concat``): each pass predicts every frame and commits, for every item with
+        spans left, its next span of left-most still-masked frames. Sets each item's
+        ``confidence``, the ``log P^max`` each generated frame was committed with ``[T_gen]``. An
+        item whose spans are done rides along unchanged until the last item's are. Frames are
+        counted from the item's first generated frame, at input position ``item["first"]``."""
+        ids = streams["ids"]
         for item in items:
-            item["confidence"], item["committed"] = torch.zeros(item["n_generate"]), item["n_prompt"]
+            item["confidence"], item["committed"] = torch.zeros(item["n_generate"]), 0
         for step in range(max(len(item["spans"]) for item in items)):
             hidden = self._pass(self.stage_one, streams)
             for b, (item, generator) in enumerate(zip(items, generators)):
                 if step >= len(item["spans"]):
                     continue
-                start = item["committed"]
-                at = torch.arange(start, start + item["spans"][step])
-                ids, conf = self._predict(self.stage_one, hidden[b], at, generator, opts)
-                speech[b, at.to(speech.device)] = ids.to(speech.device)  # shared ids, sampled among the speech ids
-                item["confidence"][at - item["n_prompt"]] = conf
-                item["committed"] = start + len(at)
+                frames = torch.arange(item["committed"], item["committed"] + item["spans"][step])
+                at = item["first"] + frames
+                sampled, conf = self._predict(self.stage_one, hidden[b], at, generator, opts)
+                ids[b, at.to(ids.device)] = sampled.to(ids.device)  # shared ids, sampled among the speech ids
+                item["confidence"][frames] = conf
+                item["committed"] += len(frames)
 
     def refine(self, streams: dict[str, torch.Tensor], items: list[dict[str, Any]],
                generators: list[torch.Generator], opts: dict[str, Any]) -> None:
-        """Stage two (Eqs. 15-16), in place on ``streams["speech"]`` (prompt + stage one's output);
+        """Stage two (Eqs. 15-16), in place on ``streams["ids"]`` (prompt + stage one's output);
         sets each item's ``refined`` frames and ``refine_passes``. Each of the ``refine_steps`` steps
         re-masks the ``count =`` :func:`quantile_count` ``(T_gen, gamma)`` least confident generated
         frames of an item (the frames at or below the ``gamma`` quantile of its confidence vector, 5
@@ -512,7 +594,7 @@ class PALLE(Paradigm):
           (Its reason: under Eq. 10 the loss is on masked frames only, so a network's output at a
           visible frame, which is what "rescore" ranks, is never a training target.)
         """
-        speech, gamma = streams["speech"], float(opts["gamma"])
+        ids, gamma = streams["ids"], float(opts["gamma"])
         for item in items:
             item["pinned"] = torch.zeros(item["n_generate"], dtype=torch.bool)
             item["count"], item["refine_passes"] = quantile_count(item["n_generate"], gamma), 0
@@ -526,19 +608,19 @@ class PALLE(Paradigm):
             for b in open_items:
                 item = items[b]
                 if opts["refine_rule"] == "rescore":
-                    generated = torch.arange(item["n_prompt"], item["n_prompt"] + item["n_generate"])
+                    generated = item["first"] + torch.arange(item["n_generate"])
                     confidence = log_max_probability(self._speech_logits(self.stage_two, hidden[b], generated))
                     item["refine_passes"] += 1
                 else:
                     confidence = item["confidence"]
                 n_open = int((~item["pinned"]).sum())
                 chosen[b] = lowest_confidence(confidence.masked_fill(item["pinned"], PINNED), min(item["count"], n_open))
-                speech[b, (chosen[b] + item["n_prompt"]).to(speech.device)] = MASK
+                ids[b, (chosen[b] + item["first"]).to(ids.device)] = MASK
             hidden = self._pass(self.stage_two, streams)
             for b in open_items:
-                item, at = items[b], chosen[b] + items[b]["n_prompt"]
-                ids, _ = self._predict(self.stage_two, hidden[b], at, generators[b], opts)
-                speech[b, at.to(speech.device)] = ids.to(speech.device)
+                item, at = items[b], chosen[b] + items[b]["first"]
+                sampled, _ = self._predict(self.stage_two, hidden[b], at, generators[b], opts)
+                ids[b, at.to(ids.device)] = sampled.to(ids.device)
                 item["pinned"][chosen[b]] = True
                 item["refine_passes"] += 1
         for item in items:
@@ -551,10 +633,11 @@ class PALLE(Paradigm):
     @torch.no_grad()
     def generate_batch(self, requests: list[SynthesisRequest], generators: list[torch.Generator],
                        **decoding: Any) -> list[Generation]:
-        """Both stages of B requests, one pass of a network per step for all of them: the two
-        streams right-padded (padding keys masked; the convolutions see ``<pad>`` as padding), each
-        item on its own length, spans and refinement, sampled from its own generator exactly as
-        alone (B = 1 is :meth:`generate`). Stage one runs until the item with the most spans is
+        """Both stages of B requests, one pass of a network per step for all of them: the inputs
+        right-padded (``fused``: both streams, the convolutions seeing ``<pad>`` as padding;
+        ``concat``: text then speech, so each item's speech starts at its own offset), padding keys
+        masked, each item on its own length, spans and refinement, sampled from its own generator
+        exactly as alone (B = 1 is :meth:`generate`). Stage one runs until the item with the most spans is
         done, then stage two; an item with nothing left to do in a pass rides along unchanged.
         ``info`` holds each item's own pass counts; ``forward_passes`` is the batch's."""
         if len(requests) != len(generators):
@@ -562,18 +645,19 @@ class PALLE(Paradigm):
         opts = self._decoding_options(decoding)
         device = self.stage_one.head.weight.device
         items = [self._plan(request, opts) for request in requests]
-        speech, keys = right_padded([item["speech"] for item in items], device)
-        text, _ = right_padded([item["text"] for item in items], device)
-        streams = {"speech": speech, "text": text, "attention": padded_attention(keys),
-                   "positions": torch.arange(speech.shape[1], device=device)[None].expand(len(items), -1)}
+        ids, keys = right_padded([item["ids"] for item in items], device)
+        text = None if self.layout == "concat" else right_padded([item["text"] for item in items], device)[0]
+        # positions 0 .. S-1: each item's own 0 .. len - 1 at its real positions (padding is never attended)
+        streams = {"ids": ids, "text": text, "attention": padded_attention(keys),
+                   "positions": torch.arange(ids.shape[1], device=device)[None].expand(len(items), -1)}
         passes_before = self.stage_one.passes + self.stage_two.passes
         self.commit_spans(streams, items, generators, opts)
         self.refine(streams, items, generators, opts)
         passes = self.stage_one.passes + self.stage_two.passes - passes_before
         out = []
         for b, item in enumerate(items):
-            n_prompt = item["n_prompt"]
-            codes = self.vocab.speech_codes(speech[b, n_prompt:n_prompt + item["n_generate"]].cpu())
+            first = item["first"]
+            codes = self.vocab.speech_codes(ids[b, first:first + item["n_generate"]].cpu())
             out.append(Generation(codes, forward_passes=passes, first_packet_passes=None, info={
                 "target_frames": item["n_generate"],
                 "length_from": "given" if item["given"] else "eq11",

@@ -135,7 +135,8 @@ BOOKKEEPING = {"progress", "log_every", "ckpt_every", "keep_checkpoints", "devic
 # checkpoint whose config lacks one that the current config has was trained as this value trains
 # (a new option does not make every trained run incompatible)
 ADDED_KEYS = {("data", "prompt_pairs"): 0.0, ("paradigm", "options", "input_noise"): 0.0,
-              ("paradigm", "options", "span_scoring"): "left_most"}
+              ("paradigm", "options", "span_scoring"): "left_most", ("paradigm", "options", "codebooks"): 1,
+              ("paradigm", "options", "layout"): "fused"}
 
 
 def _with_added_keys(saved: dict[str, Any], current: dict[str, Any], section: str) -> Any:

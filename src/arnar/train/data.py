@@ -92,11 +92,16 @@ def join_utterances(
     durations: Mapping[str, Mapping[str, Any]],
     *,
     codebook: int = 0,
+    codebooks: int = 1,
     max_frames: int | None = None,
 ) -> tuple[list[Utterance], Counter]:
     """Join codes (utt_id -> ``[n_codebooks, T]``) with durations rows; returns the utterances in
     sorted utt_id order and the counts of what was skipped or adjusted (keys ``no_durations``,
-    ``no_tokens``, ``length_mismatch``, ``too_long``, ``empty``, ``clipped``)."""
+    ``no_tokens``, ``length_mismatch``, ``too_long``, ``empty``, ``clipped``). ``codebooks`` > 1:
+    the first ``codebooks`` of the stack, the first as ``speech`` and the rest as ``acoustic``
+    (``codebook`` must then be 0: a paradigm that generates a stack generates it from its start)."""
+    if codebooks < 1 or (codebooks > 1 and codebook != 0):
+        raise TrainDataError(f"codebooks {codebooks} from codebook {codebook}: a stack of codebooks starts at 0")
     counts: Counter = Counter()
     counts["no_durations"] = len(set(tokens) - set(durations))
     counts["no_tokens"] = len(set(durations) - set(tokens))
@@ -105,6 +110,9 @@ def join_utterances(
         codes, row = tokens[utt_id], durations[utt_id]
         if not 0 <= codebook < codes.shape[0]:
             raise TrainDataError(f"{utt_id}: codebook {codebook} asked for, the tokens have {codes.shape[0]}")
+        if codebooks > codes.shape[0]:
+            raise TrainDataError(f"{utt_id}: {codebooks} codebooks asked for (paradigm option codebooks), the tokens "
+                                 f"have {codes.shape[0]}")
         T = int(codes.shape[1])
         if abs(int(row["num_frames"]) - T) > MAX_FRAME_MISMATCH:
             counts["length_mismatch"] += 1
@@ -127,6 +135,7 @@ def join_utterances(
             text=torch.tensor(row["bpe_ids"], dtype=torch.long),
             speech=torch.from_numpy(np.asarray(codes[codebook], dtype=np.int64)),
             ends=ends,
+            acoustic=torch.from_numpy(np.asarray(codes[1:codebooks], dtype=np.int64)) if codebooks > 1 else None,
         ))
     return utterances, counts
 
@@ -136,11 +145,13 @@ def load_utterances(
     durations_jsonl: str | os.PathLike,
     *,
     codebook: int = 0,
+    codebooks: int = 1,
     max_frames: int | None = None,
     features: str | os.PathLike | None = None,
 ) -> list[Utterance]:
     """The utterances of one split: token shards of ``tokens_dir`` (a split folder with a
-    ``manifest.json``) joined with the rows of ``durations_jsonl`` (see the module docstring).
+    ``manifest.json``) joined with the rows of ``durations_jsonl`` (see the module docstring);
+    ``codebook`` / ``codebooks`` as :func:`join_utterances`.
     ``features``: a ``torch.save``d dict ``utt_id -> {name: tensor}`` of per-utterance inputs a
     paradigm needs (``Utterance.features``); utterances without an entry are skipped."""
     from arnar.codec.shards import TokenShardError, read_token_manifest, read_token_shards
@@ -158,7 +169,11 @@ def load_utterances(
             f"{durations_jsonl}: durations at {sorted(rates)} Hz, the tokens of "
             f"{Path(tokens_dir) / 'manifest.json'} are at {token_rate} Hz"
         )
-    utterances, counts = join_utterances(tokens, durations, codebook=codebook, max_frames=max_frames)
+    if codebooks > int(manifest["codec"].get("n_codebooks", 1)):
+        raise TrainDataError(f"{Path(tokens_dir) / 'manifest.json'}: {manifest['codec'].get('n_codebooks', 1)} "
+                             f"codebooks, the paradigm generates {codebooks} (option codebooks)")
+    utterances, counts = join_utterances(tokens, durations, codebook=codebook, codebooks=codebooks,
+                                         max_frames=max_frames)
     if features is not None:
         table = read_features(features)
         kept = []
@@ -234,9 +249,12 @@ def join_utterances_plain(prompt: Utterance, target: Utterance, prompt_frames: i
     ends = None
     if prompt.ends is not None and target.ends is not None:
         ends = torch.cat([prompt.ends.clamp(max=n), target.ends + n])
+    if (prompt.acoustic is None) != (target.acoustic is None):
+        raise TrainDataError(f"{prompt.utt_id} + {target.utt_id}: one has the stack's other codebooks, one not")
+    acoustic = None if prompt.acoustic is None else torch.cat([prompt.acoustic[:, :n], target.acoustic], dim=1)
     return Utterance(utt_id=f"{prompt.utt_id}+{target.utt_id}", speaker=target.speaker,
                      text=torch.cat([prompt.text, target.text]),
-                     speech=torch.cat([prompt.speech[:n], target.speech]), ends=ends)
+                     speech=torch.cat([prompt.speech[:n], target.speech]), ends=ends, acoustic=acoustic)
 
 
 def read_features(path: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:

@@ -205,7 +205,8 @@ def _set_up(cfg: DictConfig, ctx: Distributed, run_dir: Path, train_tokens, trai
         torch.backends.cudnn.allow_tf32 = True
 
     # data: every rank reads all of it (token sets are small next to the model) and shards batches
-    data_opts = {"codebook": int(cfg.data.codebook), "max_frames": cfg.data.max_frames}
+    codebooks = _resolve_codebooks(cfg, read_token_manifest(train_tokens)["codec"], train_tokens)
+    data_opts = {"codebook": int(cfg.data.codebook), "codebooks": codebooks, "max_frames": cfg.data.max_frames}
     utterances = load_utterances(train_tokens, train_durations, **data_opts, features=cfg.data.get("features"))
     vocab = vocab_for(train_tokens, bpe_model)
     codec_hash = read_token_manifest(train_tokens)["codec"].get("config_hash")  # no resuming onto other tokens
@@ -271,6 +272,23 @@ def _start(run: Run, resume: bool | str) -> Progress:
     if state.step == 0 and tc.get("init_from"):
         _init_from(run.paradigm, Path(str(tc.init_from)), run.vocab, ctx, matching=bool(tc.get("init_matching")))
     return state
+
+
+def _resolve_codebooks(cfg: DictConfig, codec: dict[str, Any], train_tokens: Any) -> int:
+    """How many codebooks of the token stack the paradigm generates: its option ``codebooks``
+    (CoD; 1 when a paradigm has no such option), ``all`` meaning every codebook of the tokens'
+    codec, written back into ``cfg`` as a number so that the run's saved config says which."""
+    options = cfg.paradigm.get("options")
+    wanted = options.get("codebooks", 1) if options is not None else 1
+    if wanted == "all":
+        wanted = int(codec.get("n_codebooks", 1))
+        options.codebooks = wanted
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
+        raise TrainError(f"paradigm.options.codebooks must be a whole number >= 1 or 'all', got {wanted!r}")
+    if wanted > int(codec.get("n_codebooks", 1)):
+        raise TrainError(f"paradigm.options.codebooks={wanted}, the tokens of {train_tokens} have "
+                         f"{codec.get('n_codebooks', 1)} codebooks ({codec.get('name')})")
+    return wanted
 
 
 def _open_run_dir(run: Run, state: Progress) -> None:
@@ -414,7 +432,8 @@ def _clear_previous_run(run_dir: Path) -> None:
 
 def _check_vocab(utterances: Sequence[Utterance], vocab: Vocab, source: str) -> None:
     text_max = max(int(u.text.max()) for u in utterances)
-    speech_max = max(int(u.speech.max()) for u in utterances)
+    speech_max = max(max(int(u.speech.max()), int(u.acoustic.max()) if u.acoustic is not None else 0)
+                     for u in utterances)
     if text_max >= vocab.text_size:
         raise TrainDataError(f"{source}: BPE id {text_max} outside the BPE model's {vocab.text_size} ids "
                              "(durations made with another BPE model?)")
