@@ -95,10 +95,11 @@ def test_cpu_mode_runs_every_section(run):
     # AR: one pass over the prefix gives token 1, one more per token after it: T (no <eos> step, T is given);
     # SyncSpeech: one pass per text token plus the final one: L + 1; NAR, DELTA: `steps` = 16;
     # PALLE: stage one commits k' = floor((75 + T) / 100) frames a pass, ceil(T / k') passes (6 s: k' = 2,
-    # 75; 10 s: k' = 3, 84), then 7 refinement steps of 2 passes; CoD: 3 levels x 20 steps at 50 Hz.
+    # 75; 10 s: k' = 3, 84), then 7 refinement steps of 2 passes; CoD: 3 levels x 20 steps at 50 Hz,
+    # and the pass that reads the stack's other codebooks (codebooks: all)
     expected_passes = {
-        6.0: {"ar": 150, "syncspeech": 35, "nar": 16, "delta": 16, "palle": 75 + 14, "cod": 60},
-        10.0: {"ar": 250, "syncspeech": 58, "nar": 16, "delta": 16, "palle": 84 + 14, "cod": 60},
+        6.0: {"ar": 150, "syncspeech": 35, "nar": 16, "delta": 16, "palle": 75 + 14, "cod": 3 * 20 + 1},
+        10.0: {"ar": 250, "syncspeech": 58, "nar": 16, "delta": 16, "palle": 84 + 14, "cod": 3 * 20 + 1},
     }
     assert {s: {r["paradigm"]: r["text_tokens"] for r in decode["results"] if r["audio_seconds"] == s}
             for s in (6.0, 10.0)} == {6.0: dict.fromkeys(PARADIGMS, 34), 10.0: dict.fromkeys(PARADIGMS, 57)}
