@@ -185,8 +185,8 @@ def test_html_report_renders_with_working_audio(smoke, tmp_path):
     result = run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
                   page.as_uri()], tmp_path, timeout=120)
     players = re.findall(r"<audio[^>]*>", result.stdout)
-    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + the 8 systems of the comparison)
-    assert len(players) == 48
+    # 2 tasks x 2 samples x (prompt + ground truth + 2 resynthesis rows + the 10 systems of the comparison)
+    assert len(players) == 2 * 2 * (1 + 1 + 2 + len(SYSTEMS)) == 56
     assert all('data-state="loaded"' in p for p in players), players
     assert "<h1>arnar report" in result.stdout
 

@@ -421,9 +421,10 @@ def test_interrupted_dag_resumes_to_the_outputs_of_an_uninterrupted_run(smoke, t
     snakemake(work, "--unlock")
     resumed = dag(work, "--rerun-incomplete")
     assert "resumed" in (work / f"logs/smoke/train_{cut}.log").read_text()  # from its checkpoint, not afresh
-    # nothing the first run had finished, and nothing outside the retrained runs' lineage, is redone
+    # nothing the first run had finished, and nothing outside the retrained runs' lineage, is redone:
+    # at most ar, cod and the runs that start from or read ar (delta, palle_concat_stage1, palle_concat)
     jobs = job_counts(resumed.stdout + resumed.stderr)
-    assert jobs and set(jobs) <= RESUMED_RULES and jobs.get("train", 0) <= 3, jobs
+    assert jobs and set(jobs) <= RESUMED_RULES and jobs.get("train", 0) <= 5, jobs
     assert_no_half_written_file(work)
     # 3. the same seed gives the same outputs: this run (interrupted, resumed) against the session's
     # uninterrupted one
