@@ -1079,3 +1079,49 @@ def test_engine_resolves_all_to_the_tokens_codebooks():
     assert _resolve_codebooks(OmegaConf.create({"paradigm": {"name": "ar"}}), codec, "tokens") == 1
     with pytest.raises(TrainError, match="have 8 codebooks"):
         _resolve_codebooks(OmegaConf.create({"paradigm": {"name": "cod", "options": {"codebooks": 9}}}), codec, "t")
+
+
+# ----------------------------------------------------------------------------- forced levels (the ladder's rung)
+
+def forced_request(truth, K=1, prompt_frames=10):
+    req = stacked_request(K, prompt_frames=prompt_frames, target_frames=len(truth)) if K > 1 \
+        else request(prompt_frames=prompt_frames, target_frames=len(truth))
+    req.features["forced_speech"] = truth
+    return req
+
+
+def test_forced_levels_take_the_targets_decimations_and_generate_only_the_rest():
+    # 23 target frames after a prompt trimmed to 8; levels of 6 / 12 / 23 target tokens. Forcing
+    # levels 1-2 runs only level 3's 4 passes, which read the truth's level 2 (every 2nd code,
+    # each covering two frames) as their previous level, and fill level 3 from there
+    truth = torch.tensor([(5 * t + 3) % 12 for t in range(23)])
+    m = model()
+    seen = record_passes(m)
+    gen = m.generate(forced_request(truth), torch.Generator().manual_seed(0), steps=4, forced_levels=2)
+    assert gen.forward_passes == 4 == len(seen) and gen.info["level_lengths"] == [8, 16, 31]
+    P = 3 + 4
+    level2 = truth[::2]  # [12]
+    previous = seen[0]["previous"][0, P + 8:] - 1  # the target part of level 3's previous level
+    assert previous.tolist() == [int(level2[j // 2]) for j in range(23)]
+    assert bool((seen[0]["input_ids"][0, P + 8:] == MASK).all()) and bool((seen[0]["level"] == 3).all())
+    assert gen.speech.shape == (23,)
+    # forcing every level leaves nothing to generate: the truth itself, in no pass
+    all_forced = m.generate(forced_request(truth), torch.Generator(), steps=4, forced_levels=3)
+    assert all_forced.speech.tolist() == truth.tolist() and all_forced.forward_passes == 0
+    # with the stack, the one more pass reads codebooks 2..K from the true first quantizer
+    stack = model(codebooks=3).generate(forced_request(truth, K=3), torch.Generator(), steps=4, forced_levels=3)
+    assert stack.speech.shape == (3, 23) and stack.speech[0].tolist() == truth.tolist()
+    assert stack.forward_passes == 1
+
+
+def test_forced_levels_errors():
+    m = model()
+    truth = torch.arange(23) % 12
+    with pytest.raises(ValueError, match="forced_levels must be a whole number from 0 to the 3 levels"):
+        m.generate(forced_request(truth), torch.Generator(), forced_levels=4)
+    with pytest.raises(ValueError, match="features\\['forced_speech'\\]"):
+        m.generate(request(target_frames=23), torch.Generator(), forced_levels=1)
+    with pytest.raises(ValueError, match="same length"):
+        mismatched = forced_request(truth)
+        mismatched.target_frames = 24
+        m.generate(mismatched, torch.Generator(), forced_levels=1)

@@ -583,13 +583,14 @@ def concat_model(stage=1, **options):
     return model
 
 
-def peaked(model, seed=1):
-    """Redraw every weight at a larger scale (N(0, 0.3^2) matrices, N(0, 0.1^2) vectors), so that the
-    distributions are peaked and position-dependent and a sampled code depends on every input."""
+def peaked(model, seed=1, scale=0.3):
+    """Redraw every weight at a larger scale (N(0, scale^2) matrices, N(0, 0.1^2) vectors), so that the
+    distributions are peaked and position-dependent and a sampled code depends on every input
+    (a greedy code too at ``scale=2``)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() >= 2 else 0.1))
+            p.copy_(torch.randn(p.shape, generator=g) * (scale if p.dim() >= 2 else 0.1))
     return model.eval()
 
 
@@ -747,13 +748,14 @@ def test_concat_decodes_as_many_frames_in_as_many_passes_as_fused():
         assert ((b.speech >= 0) & (b.speech < VOCAB.speech_size)).all()
 
 
+@pytest.mark.parametrize("readout", ["own", "previous"])
 @pytest.mark.parametrize("decoding", [{"steps": 4}, {"steps": 3, "refine_rule": "stage_one_confidence", "gamma": 0.3}],
                          ids=["rescore", "stage_one_confidence"])
-def test_concat_generate_batch_gives_each_item_its_generate_codes(decoding):
+def test_concat_generate_batch_gives_each_item_its_generate_codes(decoding, readout):
     # text lengths 5, 6 and 7 (so the speech starts at 5, 6 and 7), prompts of 6, 3 and 9 frames,
     # targets of 10 frames, Eq. 11's estimate (lengthened to fit the text) and 7 frames
     torch.manual_seed(0)
-    model = peaked(concat_model(stage=2))
+    model = peaked(concat_model(stage=2, readout=readout))
     requests = [request(6, 10), request(3, None, prompt_text=(2, 3, 4, 5, 6), text=(7,)),
                 request(9, 7, prompt_text=(8,), text=(1, 2, 3, 4, 5, 6))]
     alone, draws = [], []
@@ -771,9 +773,86 @@ def test_concat_generate_batch_gives_each_item_its_generate_codes(decoding):
         max(o.info["refine_passes"] for o in alone)
 
 
+# ----------------------------------------------------------------------------- readout previous
+
+def test_readout_previous_example_is_ars_sequence_with_each_target_one_position_earlier():
+    # the own readout's example (text 9 10 11, then 20 frames) with <sos> before the text and <turn>
+    # after it: frame t sits at input position 5 + t and is scored at 4 + t (frame 0 at <turn>'s)
+    from arnar.paradigms.base import SOS, TURN
+
+    utt = utterance(20, text=(1, 2, 3))
+    own, previous = concat_model(), concat_model(readout="previous")
+    for seed in range(4):
+        ref = own.training_example(utt, torch.Generator().manual_seed(seed))
+        ex = previous.training_example(utt, torch.Generator().manual_seed(seed))
+        assert ex.input_ids.tolist() == [SOS, 9, 10, 11, TURN] + ref.input_ids[3:].tolist()
+        assert ex.targets.tolist() == [IGNORE] * 4 + ref.targets[3:].tolist() + [IGNORE]
+        assert ex.position_ids.tolist() == list(range(25)) and ex.attention_mask.all()
+        _, _, s = span_mask(20, torch.Generator().manual_seed(seed))
+        assert ex.targets[4 + s] == 18 + s % 12 and ex.input_ids[4 + s] == (18 + (s - 1) % 12)
+    assert previous.sequence_length(utt) == 25
+
+
+def test_readout_previous_from_ar_predicts_the_first_masked_frame_as_ar_does():
+    # AR's weights in stage one; under AR's causal mask the frames after the first masked one cannot
+    # be seen, so the logits read for frame s (at the position of frame s - 1) are AR's next-token
+    # logits for the same history, and the example's target there is AR's target
+    from arnar.paradigms.ar import ar_sequence
+    from arnar.train.checkpoints import matching_tensors
+
+    torch.manual_seed(0)
+    ar = build_paradigm("ar", VOCAB, TINY).eval()
+    model = concat_model(readout="previous").eval()
+    model.load_state_dict({**model.state_dict(), **matching_tensors(ar.state_dict(), model.state_dict())})
+    own = concat_model().eval()
+    own.load_state_dict(model.state_dict())
+    utt = utterance(20, text=(1, 2, 3))
+    sequence = ar_sequence(VOCAB, utt.text, utt.speech)
+    differs = 0
+    for seed in range(5):
+        ex = model.training_example(utt, torch.Generator().manual_seed(seed))
+        read = int((ex.targets != IGNORE).nonzero()[0])  # the position that holds frame s - 1
+        assert ex.input_ids[read + 1] == MASK and (ex.input_ids[:read + 1] == sequence[:read + 1]).all()
+        assert ex.targets[read] == sequence[read + 1]
+        S = len(ex)
+        with torch.no_grad():
+            causal = model.logits(ex.input_ids[None], ex.position_ids[None], torch.ones(S, S).tril().bool()[None])
+            expected = ar.logits(sequence[None, :read + 1], torch.arange(read + 1)[None])[0, -1]
+            torch.testing.assert_close(causal[0, read], expected, atol=1e-5, rtol=1e-5)
+            # the paper's readout of the same weights reads frame s at its own <mask>: another prediction
+            mine = own.training_example(utt, torch.Generator().manual_seed(seed))
+            at = int((mine.targets != IGNORE).nonzero()[0])
+            S = len(mine)
+            other = own.logits(mine.input_ids[None], mine.position_ids[None], torch.ones(S, S).tril().bool()[None])
+            differs += int(not torch.allclose(other[0, at], expected, atol=1e-3))
+    assert differs == 5
+
+
+def test_readout_previous_greedy_decoding_is_the_ladders_teacher_forced_reading_of_its_own_output():
+    # greedy stage one commits, span by span, the argmax read one position before each frame; the
+    # ladder's teacher-forced rung, given those codes as the target, reads the same argmax from the
+    # same inputs: every code must come back (a misaligned readout in either would break it)
+    from arnar.evaluate.ladder import palle_teacher_forced_codes
+
+    torch.manual_seed(0)
+    for readout in ("own", "previous"):
+        model = peaked(concat_model(readout=readout), scale=2.0)
+        req = request(n_prompt=6, n_generate=30)
+        # 5 steps: spans of floor(36 / 5) = 7 frames, each read at its own position within one pass
+        out = model.generate(req, torch.Generator(), steps=5, temperature=0)
+        codes, right = palle_teacher_forced_codes(model, req.text, req.prompt_text, req.prompt_speech, out.speech,
+                                                  steps=5)
+        assert codes.tolist() == out.speech.tolist() and right == 1.0
+        assert len(set(out.speech.tolist())) > 3  # the peaked weights give a varied sequence
+
+
 def test_layout_option_errors():
     with pytest.raises(ValueError, match="layout must be one of"):
         build_paradigm("palle", VOCAB, TINY, layout="interleave")
+    with pytest.raises(ValueError, match="readout must be one of"):
+        build_paradigm("palle", VOCAB, TINY, layout="concat", readout="next")
+    with pytest.raises(ValueError, match="readout 'previous'.*layout 'concat'"):
+        build_paradigm("palle", VOCAB, TINY, readout="previous")
     with pytest.raises(ValueError, match="text_layout 'stretch'.*layout 'concat'"):
         build_paradigm("palle", VOCAB, TINY, layout="concat", text_layout="stretch")
     model = concat_model()

@@ -882,3 +882,37 @@ def test_cod_generates_and_speaks_the_whole_stack(built, tmp_path):
     expected = synth.codec.decode([generation.speech.numpy()], prompt_audio=[job.prompt])[0]
     np.testing.assert_allclose(audio, expected, rtol=0, atol=1e-6)
     assert record["codebooks"] == 2 and record["generated_frames"] == generation.speech.shape[1]
+
+    # the ladder's level-forced rung on the same run: one cross-sentence item whose target is a
+    # clip of the corpus. Forcing all 3 levels gives back the target's own first quantizer (every
+    # code right, no MaskGIT pass); forcing none is the free-running chain, which a 2-update model
+    # does not get right
+    from arnar.evaluate.ladder import level_forced_testlist
+    from arnar.evaluate.testlists import COLUMNS
+
+    target_wav, target_text = built["root"] / "slt_1.wav", SENTENCES[1]
+    info = sf.info(str(target_wav))
+    row = {"item_id": "cross_slt_1", "task": "cross_sentence", "speaker": "slt", "target_id": "slt_1",
+           "target_text": target_text, "target_duration": str(info.frames / info.samplerate), "prompt_id": "rms_0",
+           "prompt_start": "0.0", "prompt_end": "2.0", "prompt_text": built["prompt_text"]}
+    testlist = tmp_path / "cross_sentence.tsv"
+    testlist.write_text("\t".join(COLUMNS) + "\n" + "\t".join(row[c] for c in COLUMNS) + "\n")
+    for folder, wav in (("prompts", None), ("targets", target_wav)):
+        (tmp_path / folder).mkdir()
+        if wav is None:
+            sf.write(str(tmp_path / folder / "cross_slt_1.wav"), built["prompt"], built["rate"])
+        else:
+            shutil.copy(wav, tmp_path / folder / "cross_slt_1.wav")
+    accuracy = {}
+    for forced in (3, 0):
+        out = tmp_path / f"forced{forced}"
+        summary = level_forced_testlist(synth, testlist, tmp_path / "prompts", tmp_path / "targets", out,
+                                        forced_levels=forced, progress=False)
+        assert (out / "cross_slt_1.wav").exists() and json.loads((out / "ladder.json").read_text()) == summary
+        assert summary["rung"] == "level_forced" and summary["forced_levels"] == forced and summary["items"] == 1
+        accuracy[forced] = summary["accuracy"]
+    assert accuracy[3] == 1.0 and accuracy[0] < 0.5
+    with pytest.raises(ValueError, match="level-forced rung reads Chain-of-Details"):
+        level_forced_testlist(Synthesizer(built["ar"], codec="offline", codec_model=str(built["codec"]),
+                                          bpe_model=built["bpe"]), testlist, tmp_path / "prompts",
+                              tmp_path / "targets", tmp_path / "ar", forced_levels=1, progress=False)

@@ -397,13 +397,17 @@ def cmd_ladder(args: argparse.Namespace) -> None:
     """The teacher-forced rung of the diagnostic ladder (arnar.evaluate.ladder): a next-token run
     (or PALLE's stage one, span by span) fed the true prompt and target tokens; its argmax
     predictions decoded to audio."""
-    from arnar.evaluate.ladder import teacher_forced_testlist
+    from arnar.evaluate.ladder import level_forced_testlist, teacher_forced_testlist
     from arnar.synthesize import Synthesizer
 
     synth = Synthesizer(args.run_dir, codec=args.codec, codec_model=args.codec_model, bpe_model=args.text_units,
                         device=args.device, checkpoint=args.checkpoint)
     try:
-        teacher_forced_testlist(synth, args.testlist, args.prompts, args.targets, args.out)
+        if args.forced_levels is not None:
+            level_forced_testlist(synth, args.testlist, args.prompts, args.targets, args.out,
+                                  forced_levels=args.forced_levels, seed=args.seed)
+        else:
+            teacher_forced_testlist(synth, args.testlist, args.prompts, args.targets, args.out)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -725,6 +729,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--targets", required=True, help="ground-truth system folder of the task")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--forced-levels", type=int, help="Chain-of-Details runs: the level-forced rung instead, levels "
+                   "1..N from the ground truth and the rest generated")
+    p.add_argument("--seed", type=int, default=1234, help="the level-forced rung's synthesis seed")
     p.set_defaults(func=cmd_ladder)
 
     p = sub.add_parser("text-reliance", help="dev loss with own and swapped texts",

@@ -21,6 +21,13 @@ from the true prompt and true frames before the span, every frame after it maske
 not run). Other masked paradigms predict what is masked from what is not, in an order their own
 confidence picks, so there is no single teacher-forced reading of them; they are refused with
 that reason.
+
+Chain-of-Details has a reading of its own between rungs 3 and 4, **level-forced**
+(:func:`level_forced_testlist`): its coarse-to-fine chain with levels ``1..n`` given as the
+target's own tokens (the decimated first quantizer) and the levels after them generated as at
+synthesis. With ``n = L - 1`` only the finest level is generated, from the true level below it;
+with ``n = L`` nothing is (the rest of the RVQ stack is read from the true first quantizer). The
+WER of each ``n`` against the free-running row says which level loses the words.
 """
 
 from __future__ import annotations
@@ -98,8 +105,8 @@ def palle_teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torc
             chunk = starts[first:first + SPANS_PER_PASS]
             frame = torch.arange(total)
             rows = [stage_input(vocab, full_text, torch.where(frame >= s, torch.tensor(MASK), speech), model.layout,
-                                model.text_layout) for s, _ in chunk]
-            offset, width = rows[0][2], len(rows[0][0])
+                                model.text_layout, model.readout) for s, _ in chunk]
+            offset, width = rows[0][2] - model.readout_shift, len(rows[0][0])
             B = len(chunk)
             text_ids = None if rows[0][1] is None else torch.stack([row[1] for row in rows]).to(device)
             logits = model.logits(torch.stack([row[0] for row in rows]).to(device),
@@ -169,4 +176,68 @@ def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir
     with atomic_path(out / "ladder.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     log.info("teacher-forced %d items -> %s (token accuracy %.1f %%)", len(per_item), out, 100 * summary["accuracy"])
+    return summary
+
+
+def level_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
+                          targets_dir: str | os.PathLike, out_dir: str | os.PathLike, *, forced_levels: int,
+                          seed: int = 1234, progress: bool = True) -> dict[str, Any]:
+    """A Chain-of-Details run speaks every item of a test list with its levels ``1..forced_levels``
+    taken from the item's ground truth (decoding option ``forced_levels``; module docstring) and the
+    true target length, each item from its synthesis seed (:func:`arnar.synthesize.item_seed`);
+    ``out_dir/<item_id>.wav`` as the synthesis writes it, plus ``ladder.json`` with the share of
+    the finest level's first-quantizer codes that are right, per item and frame-weighted."""
+    import soundfile as sf
+    from tqdm import tqdm
+
+    from arnar.atomic import atomic_path
+    from arnar.evaluate.audio import load_mono
+    from arnar.evaluate.testlists import read_testlist
+    from arnar.synthesize import continuation_text, item_seed
+
+    if synth.model.name != "cod":
+        raise ValueError(f"the level-forced rung reads Chain-of-Details' levels; {synth.run_dir} is a "
+                         f"{synth.model.name!r} run")
+    items = read_testlist(Path(testlist))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rate = synth.codec.sample_rate
+    per_item = []
+    for item in tqdm(items, desc=f"level-forced ({forced_levels}) {out.name}", disable=not progress, unit="item"):
+        continuing = item.task == "continuation"
+        text = continuation_text(item.target_text, item.prompt_text) if continuing else item.target_text
+        prompt, _ = synth.read_prompt(Path(prompts_dir) / f"{item.item_id}.wav")
+        target_path = Path(targets_dir) / f"{item.item_id}.wav"
+        if not target_path.exists():
+            raise FileNotFoundError(f"{target_path}: the ground-truth audio of item {item.item_id} does not exist")
+        target, _ = load_mono(target_path, rate)
+        if continuing:
+            target = target[len(prompt):]
+        truth = torch.as_tensor(np.asarray(synth.codec.encode([target], rate)[0]), dtype=torch.long)
+        first_quantizer = truth.reshape(-1, truth.shape[-1])[0]
+        job = synth.prepare(text, prompt, item.prompt_text, rate, target_frames=len(first_quantizer))
+        job.request.features["forced_speech"] = first_quantizer
+        generator = torch.Generator().manual_seed(item_seed(seed, item.item_id))
+        generation = synth.model.generate(job.request, generator, **{**synth.decoding, "forced_levels": forced_levels})
+        audio, _ = synth.finish(job, generation, 0.0)
+        if continuing:
+            audio = np.concatenate([prompt.astype(np.float32), audio])
+        with atomic_path(out / f"{item.item_id}.wav") as tmp:
+            sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
+        generated = generation.speech.reshape(-1, generation.speech.shape[-1])[0].cpu()
+        per_item.append({"item_id": item.item_id, "frames": len(first_quantizer),
+                         "accuracy": float((generated == first_quantizer).float().mean())})
+    frames = sum(r["frames"] for r in per_item)
+    summary = {
+        "rung": "level_forced",
+        "forced_levels": forced_levels,
+        "run_dir": str(synth.run_dir),
+        "items": len(per_item),
+        "accuracy": sum(r["accuracy"] * r["frames"] for r in per_item) / frames if frames else 0.0,
+        "per_item": per_item,
+    }
+    with atomic_path(out / "ladder.json") as tmp:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    log.info("level-forced (%d) %d items -> %s (finest-level accuracy %.1f %%)", forced_levels, len(per_item), out,
+             100 * summary["accuracy"])
     return summary

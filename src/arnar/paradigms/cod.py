@@ -155,7 +155,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from arnar.codec.hierarchy import level_factors, levels as decimated_levels, upsample
+from arnar.codec.hierarchy import decimate, level_factors, levels as decimated_levels, upsample
 from arnar.decode.sampling import sample_tokens
 from arnar.decode.schedules import cosine_mask_ratio, masks_per_step, total_frames_estimate
 from arnar.paradigms import register_paradigm
@@ -192,6 +192,10 @@ DECODING = {
     "noise_end": 0.0,
     "length": "predictor",  # predictor | prompt_rate (when the request gives no target_frames)
     "acoustic_temperature": 0.0,  # codebooks 2..K (option codebooks > 1): 0 = the most likely code, else sampled
+    # a diagnostic, not a system: levels 1..forced_levels are the target's own tokens (the request's
+    # features["forced_speech"], its first-quantizer codes), the levels after them are generated
+    # (arnar ladder on a CoD run: which level loses the words)
+    "forced_levels": 0,
 }
 MAX_FRAMES_PER_PHONEME = 64  # safety cap on a predicted length (1.3 s per phoneme at 50 Hz)
 
@@ -655,6 +659,12 @@ class CoD(Paradigm):
             raise ValueError(f"CoD guidance_form must be one of {sorted(GUIDANCE_FORMS)}, got {opts['guidance_form']!r}")
         if opts["length"] not in ("predictor", "prompt_rate"):
             raise ValueError(f"CoD decoding length must be 'predictor' or 'prompt_rate', got {opts['length']!r}")
+        forced = opts["forced_levels"]
+        if isinstance(forced, bool) or not isinstance(forced, int) or not 0 <= forced <= self.n_levels:
+            raise ValueError(f"CoD forced_levels must be a whole number from 0 to the {self.n_levels} levels, got {forced!r}")
+        if forced and self.coarse_tokenizer_path is not None:
+            raise ValueError("CoD forced_levels reads the target's decimated first quantizer; this run's coarse levels "
+                             "are other tokens (coarse_tokenizer)")
         return opts
 
     def _plan(self, request: SynthesisRequest, opts: dict[str, Any]) -> dict[str, Any]:
@@ -689,9 +699,17 @@ class CoD(Paradigm):
             n_frames, length_from, duration_passes = self.predict_frames(text_phonemes, speaker), "predictor", 1
         prompt_levels = self.speech_levels(prompt, features, "prompt_coarse", "CoD synthesis request (prompt)") \
             if self.speech_prompt else [torch.zeros(0, dtype=torch.long)] * self.n_levels
+        forced = None
+        if opts["forced_levels"]:
+            forced = features.get("forced_speech")
+            if forced is None or forced.dim() != 1 or len(forced) != n_frames or length_from != "given":
+                got = "none" if forced is None else f"shape {tuple(forced.shape)}"
+                raise ValueError(f"CoD forced_levels needs the target's first-quantizer codes as features['forced_speech'] "
+                                 f"and target_frames of the same length; got {got}, target_frames {request.target_frames}")
+            forced = forced.long().cpu()
         return {"phonemes": torch.cat([prompt_phonemes, text_phonemes]), "speaker": speaker, "prompt": prompt,
                 "prompt_acoustic": prompt_acoustic, "prompt_levels": prompt_levels, "n_frames": n_frames, "length_from": length_from,
-                "duration_passes": duration_passes, "level_lengths": [], "finished": None}
+                "duration_passes": duration_passes, "level_lengths": [], "finished": None, "forced": forced}
 
     def _level_sequence(self, item: dict[str, Any], level: int, factor: int) -> tuple[Tensor, Tensor, Tensor]:
         """One item's sequence at ``level`` (:meth:`_sequence`): its prompt's tokens of the level,
@@ -762,6 +780,11 @@ class CoD(Paradigm):
             if acoustic is not None:
                 batch_inputs["acoustic"] = acoustic
             masked = [torch.ones(item["n_target"], dtype=torch.bool, device=device) for item in items]
+            if level <= opts["forced_levels"]:  # the target's own tokens, committed before any pass
+                for b, item in enumerate(items):
+                    truth = torch.from_numpy(decimate(item["forced"].numpy(), factor))
+                    input_ids[b, item["start"]:item["start"] + item["n_target"]] = self.vocab.speech(truth).to(device)
+                    masked[b][:] = False
             schedules = [masks_per_step(item["n_target"], steps) for item in items]
             for step in range(steps):
                 active = [b for b in range(B) if bool(masked[b].any())]

@@ -24,6 +24,15 @@ stage two), so a run can start both stages from the trained AR run (``train.init
 :func:`stage_input` is where the two layouts differ; everything below (masks, losses, decoding)
 is the same for both. ``text_layout`` is an option of ``fused`` only.
 
+Readout (option ``readout``, ``concat`` only): ``own`` (default, the paper's masked prediction)
+reads frame ``t``'s logits at frame ``t``'s own input position, which holds ``<mask>``.
+``previous`` (not in the paper) reads them one position earlier, and the input is AR's
+``<sos> text <turn> speech``: frame ``t`` is predicted from the position that holds frame ``t-1``
+(``<turn>`` for the first frame), exactly as AR predicts its next token. With ``own``, a stage one
+started from AR must relearn its head one position over (its first loss is near a uniform
+guess's); with ``previous`` the first masked frame is AR's own prediction from the start, with
+bidirectional attention over the ``<mask>`` frames after it the only change.
+
 Training (one :class:`Example` per utterance: ``input_ids`` = the speech stream, ``extras["text_ids"]``
 = the padded text stream (``concat``: ``input_ids`` = text then speech, no extras), all-True attention):
 
@@ -79,6 +88,8 @@ from arnar.paradigms.base import (
     IGNORE,
     MASK,
     PAD,
+    SOS,
+    TURN,
     Batch,
     Example,
     Generation,
@@ -150,10 +161,11 @@ def text_stream(vocab, text: torch.Tensor, length: int, layout: str) -> torch.Te
 
 
 LAYOUTS = ("fused", "concat")  # text fused along the feature dimension (Fig. 3a) | in front of the speech
+READOUTS = ("own", "previous")  # frame t's logits at its own (masked) position | at t - 1, as AR reads them
 
 
 def stage_input(vocab, text: torch.Tensor, speech: torch.Tensor, layout: str = "fused",
-                text_layout: str = "pad") -> tuple[torch.Tensor, torch.Tensor | None, int]:
+                text_layout: str = "pad", readout: str = "own") -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """What a stage network reads for BPE ids ``text`` and the speech stream ``speech`` (``[T]``
     shared ids, codes or ``<mask>``): ``(input_ids, text_ids, offset)``, speech frame ``t`` at input
     position ``offset + t``, RoPE positions ``0 .. len(input_ids) - 1`` in both layouts. The one
@@ -162,9 +174,12 @@ def stage_input(vocab, text: torch.Tensor, speech: torch.Tensor, layout: str = "
     * ``fused``: ``input_ids`` = ``speech``; ``text_ids`` = the text stream of ``text_layout`` over
       the ``T`` frames (:func:`text_stream`); offset 0.
     * ``concat``: ``input_ids`` = the text's shared ids then ``speech``, ``[L + T]``; no
-      ``text_ids``; offset ``L``."""
+      ``text_ids``; offset ``L``. With ``readout="previous"``: AR's ``<sos> text <turn> speech``,
+      ``[L + 2 + T]``, offset ``L + 2`` (frame ``t``'s logits are then read at ``offset + t - 1``)."""
     if layout == "fused":
         return speech, text_stream(vocab, text, len(speech), text_layout), 0
+    if readout == "previous":
+        return torch.cat([torch.tensor([SOS]), vocab.text(text), torch.tensor([TURN]), speech]), None, len(text) + 2
     return torch.cat([vocab.text(text), speech]), None, len(text)
 
 
@@ -386,7 +401,8 @@ class PALLE(Paradigm):
     def __init__(self, vocab, model, *, stage: int = 1, prompt_ratio: float = 0.3, span_ratio: float = 0.1,
                  refine_mask_prob: float = 0.1, convnext_kernel: int = 7, convnext_ffn_ratio: float = 2.0,
                  conv_pos_kernel: int = 7, conv_pos_groups: int = 16, text_layout: str = "pad",
-                 span_scoring: str = "left_most", input_noise: float = 0.0, layout: str = "fused", **unknown: Any):
+                 span_scoring: str = "left_most", input_noise: float = 0.0, layout: str = "fused",
+                 readout: str = "own", **unknown: Any):
         if unknown:
             raise ValueError(f"PALLE: unknown options {sorted(unknown)}")
         if not 0.0 <= float(input_noise) < 1.0:
@@ -400,6 +416,10 @@ class PALLE(Paradigm):
         if layout == "concat" and text_layout != "pad":
             raise ValueError(f"PALLE text_layout {text_layout!r} spreads the text stream of layout 'fused'; layout "
                              f"'concat' puts the text in front of the speech: leave text_layout at 'pad'")
+        if readout not in READOUTS:
+            raise ValueError(f"PALLE readout must be one of {READOUTS}, got {readout!r}")
+        if readout != "own" and layout != "concat":
+            raise ValueError(f"PALLE readout {readout!r} reads AR's sequence: it needs layout 'concat', not {layout!r}")
         if stage not in (1, 2):
             raise ValueError(f"PALLE stage must be 1 or 2, got {stage!r}")
         if not (0.0 <= prompt_ratio and 0.0 < span_ratio and prompt_ratio + span_ratio < 1.0):
@@ -411,8 +431,10 @@ class PALLE(Paradigm):
                         "conv_pos_kernel": conv_pos_kernel, "conv_pos_groups": conv_pos_groups}
         super().__init__(vocab, model, stage=stage, prompt_ratio=prompt_ratio, span_ratio=span_ratio,
                          refine_mask_prob=refine_mask_prob, text_layout=text_layout, span_scoring=span_scoring,
-                         input_noise=float(input_noise), layout=layout, **architecture)
-        self.layout, self.text_layout, self.span_scoring = layout, text_layout, span_scoring
+                         input_noise=float(input_noise), layout=layout, readout=readout, **architecture)
+        self.layout, self.text_layout, self.span_scoring, self.readout = layout, text_layout, span_scoring, readout
+        # logits of frame t are read at input position offset + t - readout_shift
+        self.readout_shift = 1 if readout == "previous" else 0
         self.input_noise = float(input_noise)
         # The base class's single embed/backbone/head would be dead weights here (in the checkpoint,
         # the parameter count and, without gradients, an error for DDP): each network has its own.
@@ -442,8 +464,11 @@ class PALLE(Paradigm):
 
     def sequence_length(self, utt: Utterance) -> int:
         """Training sequence length for the engine's token budget: the speech length (``fused``:
-        the text is fused along the feature dimension, not appended), plus the text's (``concat``)."""
-        return utt.num_frames + (len(utt.text) if self.layout == "concat" else 0)
+        the text is fused along the feature dimension, not appended), plus the text's (``concat``;
+        and ``<sos>``, ``<turn>`` with ``readout: previous``)."""
+        if self.layout == "fused":
+            return utt.num_frames
+        return utt.num_frames + len(utt.text) + 2 * self.readout_shift
 
     # -- training
     def training_example(self, utt: Utterance, generator: torch.Generator) -> Example:
@@ -460,9 +485,12 @@ class PALLE(Paradigm):
             read = torch.where(generated, noisy, utt.speech)
         inputs = torch.where(masked, torch.tensor(MASK), self.vocab.speech(read))
         targets = torch.where(scored, speech, torch.tensor(IGNORE))
-        input_ids, text_ids, offset = stage_input(self.vocab, utt.text, inputs, self.layout, self.text_layout)
+        input_ids, text_ids, offset = stage_input(self.vocab, utt.text, inputs, self.layout, self.text_layout,
+                                                  self.readout)
         S = len(input_ids)
         targets = torch.cat([torch.full((offset,), IGNORE, dtype=torch.long), targets])  # no loss on the text
+        if self.readout_shift:  # frame t's target at input position offset + t - 1; the last position reads nothing
+            targets = torch.cat([targets[1:], torch.tensor([IGNORE])])
         return Example(input_ids, torch.arange(S), targets, torch.ones(S, S, dtype=torch.bool),
                        extras={} if text_ids is None else {"text_ids": text_ids})
 
@@ -521,7 +549,7 @@ class PALLE(Paradigm):
         # Eqs. 12-13: prompt codes then <mask>; prompt transcript + target text then <pad> (fused)
         speech = torch.cat([self.vocab.speech(request.prompt_speech), torch.full((fitted,), MASK, dtype=torch.long)])
         ids, text, offset = stage_input(self.vocab, torch.cat([request.prompt_text, request.text]), speech,
-                                        self.layout, self.text_layout)
+                                        self.layout, self.text_layout, self.readout)
         return {
             "n_prompt": n_prompt, "n_generate": fitted, "given": given, "text_fit": fitted > n_generate,
             "spans": stage_one_spans(fitted, int(opts["steps"]), total, rule=opts["stage_one_rule"], r=opts["r"]),
@@ -536,8 +564,8 @@ class PALLE(Paradigm):
     def _speech_logits(self, network: PalleNetwork | ConcatNetwork, hidden: torch.Tensor,
                        at: torch.Tensor) -> torch.Tensor:
         """One item's ``hidden`` ``[S, dim]`` -> float logits ``[len(at), V]`` at input positions
-        ``at``, on the CPU, every id but the speech ids at -inf."""
-        logits = network.head(hidden[at.to(hidden.device)]).float().cpu()
+        ``at`` (read ``readout_shift`` positions earlier), on the CPU, every id but the speech ids at -inf."""
+        logits = network.head(hidden[(at - self.readout_shift).to(hidden.device)]).float().cpu()
         return logits.masked_fill(self._not_speech, float("-inf"))
 
     def _predict(self, network: PalleNetwork | ConcatNetwork, hidden: torch.Tensor, at: torch.Tensor,

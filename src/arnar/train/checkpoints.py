@@ -136,7 +136,7 @@ BOOKKEEPING = {"progress", "log_every", "ckpt_every", "keep_checkpoints", "devic
 # (a new option does not make every trained run incompatible)
 ADDED_KEYS = {("data", "prompt_pairs"): 0.0, ("paradigm", "options", "input_noise"): 0.0,
               ("paradigm", "options", "span_scoring"): "left_most", ("paradigm", "options", "codebooks"): 1,
-              ("paradigm", "options", "layout"): "fused"}
+              ("paradigm", "options", "layout"): "fused", ("paradigm", "options", "readout"): "own"}
 
 
 def _with_added_keys(saved: dict[str, Any], current: dict[str, Any], section: str) -> Any:

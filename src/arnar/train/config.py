@@ -54,6 +54,7 @@ NOT_IN_THE_PAPERS: dict[str, Any] = {
     "paradigm.options.text_layout": "pad",      # PALLE: the text padded to the speech length (Eqs. 6, 13)
     "paradigm.options.span_scoring": "left_most",  # PALLE Eq. 9: the loss on the left-most 10 % span
     "paradigm.options.layout": "fused",         # PALLE Fig. 3a: text fused along the features (concat: its Discussion's alternative)
+    "paradigm.options.readout": "own",          # PALLE: each masked position predicts its own frame
     "train.init_matching": False,               # a run starts from another paradigm's weights (start_from_ar)
 }
 # the papers' text units: Chain-of-Details reads phonemes, every other paper BPE
