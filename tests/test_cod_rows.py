@@ -56,7 +56,7 @@ def smoke_plan(tmp_path_factory):
 
     workflow = copy_workflow(tmp_path_factory.mktemp("wf"))
     # a config file, not --config, which would turn the boolean into a string
-    profiles = {"profiles": {"smoke": {"training": {"overrides": {"cod": [COD_STEPS]}, "cod_q1": True},
+    profiles = {"profiles": {"smoke": {"training": {"overrides": {"cod": [COD_STEPS]}, "cod_q1": True, "cod_single": True},
                                        "codec": {"resynthesis": ["offline", "offline_rvq", "offline_rvq_q1"]}}}}
     (workflow / "plan.json").write_text(json.dumps(profiles))
     return run([str(BIN / "snakemake"), "-n", "-p", "--cores", "1", "--configfile", "params.yaml", "plan.json",
@@ -156,3 +156,20 @@ def test_a_decoding_grid_decodes_as_its_base_row_and_may_not_move_its_default(tm
     assert refused.returncode != 0
     assert "training.decoding.cod sets 'guidance_form', the option the grid cod_guidance_form varies" in \
         refused.stdout + refused.stderr
+
+
+def test_cod_single_trains_as_cod_on_the_single_stream_and_decodes_through_it(smoke_plan):
+    """`cod_single`: the same config, features and updates as `cod`, but the single stream's tokens
+    and 25 Hz durations (`codebooks: all` resolves to that manifest's one codebook), decoded through
+    the single stream's codec, with that stream's resynthesis as its reference row."""
+    runs = train_overrides(smoke_plan)
+    assert runs["cod_single"] == runs["cod"]
+    data = dict(re.findall(r"arnar train --run-dir \S+/runs/(cod\w*) --tokens (\S+) ", smoke_plan))
+    assert data["cod"].endswith("/tokens/offline_rvq/train") and data["cod_single"].endswith("/tokens/offline/train")
+    durations = dict(re.findall(r"arnar train --run-dir \S+/runs/(cod\w*) .*?--durations (\S+) ", smoke_plan))
+    assert durations["cod_single"].endswith("durations_25hz/train.jsonl") and "50hz" in durations["cod"]
+    codecs = dict(re.findall(r"arnar synthesize --run-dir \S+/runs/(cod\w*) .*?--codec (\w+)", smoke_plan))
+    assert codecs["cod_single"] == "offline" and codecs["cod"] == "offline_rvq"
+    assert set(synthesized(smoke_plan)["cod_single_seed2"]) == {"continuation", "cross_sentence"}
+    layout = json.loads(re.search(r"arnar report .*? --layout '(.*?)'", smoke_plan).group(1))
+    assert layout["ceilings"]["cod_single"] == "resynth_offline"

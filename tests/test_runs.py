@@ -85,6 +85,8 @@ def test_the_default_profile_trains_the_six_and_one_cod_row():
     mini = run_registry(load_params(REPO_ROOT / "params.yaml", {"profile": "mini"}))
     assert mini.paradigm_systems["cod_paper_seed3"] == ("cod_paper", {})
     assert mini.paradigm_systems["cod_q1_seed3"] == ("cod_q1", {})
+    # the single-stream CoD is a row only where a profile turns it on (tests/test_cod_rows.py plans it)
+    assert not any(s.startswith("cod_single") for s in (*speak.paradigm_systems, *mini.paradigm_systems))
     assert {"palle_stage1", "palle", "palle_concat_stage1", "palle_concat"} <= set(mini.paradigm_systems)
 
 

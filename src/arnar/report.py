@@ -176,7 +176,9 @@ ROW_NOTES = [
             "the finest level yields every codebook of the RVQ stack)",
      "cod_paper": "the paper's CoD (voice from the adaLN speaker embedding only; Chain-of-Details (arXiv:2604.19330) Sec. IV-A, Fig. 2)",
      "cod_q1": "this project's CoD generating the first quantizer alone, which the codec decodes on its own "
-               "(reference row: the first quantizer's resynthesis)"},
+               "(reference row: the first quantizer's resynthesis)",
+     "cod_single": "this project's CoD on the single token stream the other paradigms model (levels decimate it; "
+                   "reference row: its resynthesis)"},
     {"palle_stage1": "PALLE stage one, the paper's network (text fused with speech along the features, Fig. 3a)",
      "palle": "PALLE, both stages, the paper's network",
      "palle_concat_stage1": "PALLE stage one on the temporal-concatenation layout (text then speech, AR's layout, "

@@ -67,7 +67,8 @@ SYSTEMS_OF = {
               "palle_concat_stage1": ("palle_concat", {"refine_steps": 0}), "palle_concat": ("palle_concat", {})},
     "delta": {"delta": ("delta", {})},  # its steps Pareto (Fig. 2) is the grid delta_steps
     # ours (speech-prompt prefix), the paper's, ours decoding the first quantizer alone
-    "cod": {"cod": ("cod", {}), "cod_paper": ("cod_paper", {}), "cod_q1": ("cod_q1", {})},
+    "cod": {"cod": ("cod", {}), "cod_paper": ("cod_paper", {}), "cod_q1": ("cod_q1", {}),
+            "cod_single": ("cod_single", {})},
 }
 
 
@@ -210,6 +211,12 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     # project had before complete acoustic tokens; its reference row is resynth_<stack>_q1)
     runs["cod_q1"] = {**runs["cod"], "first_quantizer": True,
                       "overrides": runs["cod"].get("overrides", []) + ["paradigm.options.codebooks=1"]}
+    # CoD on the single stream every other paradigm models (offline: the 25 Hz one-codebook tokens;
+    # its levels decimate that stream, the finest level is the complete token; reference row: the
+    # single stream's resynthesis), so that CoD is compared on the others' tokens too. The stack's
+    # codebooks 2..K are what a one-pass head of the default's size does not learn (the ladder's
+    # level-forced rung, docs/lab-notes/2026-12-07-evening-cod-palle-ladder.md)
+    runs["cod_single"] = {**runs["cod"], "stack": False}
     if delta_source != "ar":
         runs[delta_source] = {"config": "ar", "sized_as": "delta"}
     for run, (kind, config) in COARSE_KINDS.items():
@@ -243,6 +250,7 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     run_base.update({run: "cod" for run in COARSE_KINDS})
     run_base["cod_paper"] = "cod"  # the same budget as the variant it is compared with
     run_base["cod_q1"] = "cod"
+    run_base["cod_single"] = "cod"
     run_base.update({"palle_concat_stage1": "palle_stage1", "palle_concat": "palle"})  # the fused pair's budget
 
     def check_paradigm_listed(what: str, paradigm: str) -> None:
@@ -253,7 +261,7 @@ def run_registry(params: Mapping[str, Any]) -> Registry:
     # seeds (system, system_seed2, ...), so the report can show the spread over seeds
     n_seeds = params["evaluation"]["synthesis_seeds"]
     paradigm_systems = {s: run for p in train["paradigms"] for s, run in systems_of(p).items()}
-    for variant in ("cod_paper", "cod_q1"):  # a profile short of time keeps the project's CoD row (`cod`) only
+    for variant in ("cod_paper", "cod_q1", "cod_single"):  # a profile short of time keeps the project's CoD row (`cod`) only
         if not train[variant]:
             paradigm_systems.pop(variant, None)
     for layout, systems in PALLE_LAYOUT_SYSTEMS.items():  # training.palle_layouts: which PALLE rows
