@@ -120,16 +120,14 @@ def palle_teacher_forced_codes(model: Any, text: torch.Tensor, prompt_text: torc
     return codes, accuracy
 
 
-def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
-                            targets_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                            progress: bool = True) -> dict[str, Any]:
-    """Every item of a test list -> ``out_dir/<item_id>.wav`` decoded from the teacher-forced
-    codes (the target part only; a continuation item keeps its prompt audio in front, as
-    synthesis does), plus ``ladder.json``: per-item and mean teacher-forced token accuracy.
-
-    ``synth``: an :class:`arnar.synthesize.Synthesizer` (the run, its codec and text units);
-    ``targets_dir``: the task's ground-truth system folder (``<item_id>.wav``, prompt included for
-    continuation items, as the evaluation reads them)."""
+def _rung_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
+                   targets_dir: str | os.PathLike, out_dir: str | os.PathLike, speak: Any, *,
+                   summary: dict[str, Any], desc: str, progress: bool) -> dict[str, Any]:
+    """The loop both rungs share: for every item of the test list, its text (a continuation item's
+    remainder), prompt and true target audio (the ground-truth file after the prompt for a
+    continuation item) go to ``speak(item, text, prompt, target) -> (audio, frames, accuracy)``;
+    the audio is written as synthesis writes it (a continuation item's prompt in front) and
+    ``ladder.json`` gets ``summary`` plus the items and the frame-weighted accuracy."""
     import soundfile as sf
     from tqdm import tqdm
 
@@ -143,7 +141,7 @@ def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir
     out.mkdir(parents=True, exist_ok=True)
     rate = synth.codec.sample_rate
     per_item = []
-    for item in tqdm(items, desc=f"teacher-forced {out.name}", disable=not progress, unit="item"):
+    for item in tqdm(items, desc=f"{desc} {out.name}", disable=not progress, unit="item"):
         continuing = item.task == "continuation"
         text = continuation_text(item.target_text, item.prompt_text) if continuing else item.target_text
         prompt, _ = synth.read_prompt(Path(prompts_dir) / f"{item.item_id}.wav")
@@ -153,20 +151,15 @@ def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir
         target, _ = load_mono(target_path, rate)
         if continuing:  # the ground-truth file holds prompt + continuation; the model predicts the rest
             target = target[len(prompt):]
-        prompt_codes = synth.prompt_codes(prompt)
-        target_codes = torch.as_tensor(synth.codec.encode([target], rate)[0][0], dtype=torch.long)
-        codes, accuracy = teacher_forced_codes(synth.model, synth.text_ids(text, "text"),
-                                               synth.text_ids(item.prompt_text, "prompt text"),
-                                               prompt_codes, target_codes)
-        audio = synth._decode(codes.numpy()[None].astype(np.int64), prompt, prompt_codes)
+        audio, frames, accuracy = speak(item, text, prompt, target)
         if continuing:
             audio = np.concatenate([prompt.astype(np.float32), audio])
         with atomic_path(out / f"{item.item_id}.wav") as tmp:
             sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
-        per_item.append({"item_id": item.item_id, "frames": len(target_codes), "accuracy": accuracy})
+        per_item.append({"item_id": item.item_id, "frames": frames, "accuracy": accuracy})
     frames = sum(r["frames"] for r in per_item)
     summary = {
-        "rung": "teacher_forced",
+        **summary,
         "run_dir": str(synth.run_dir),
         "items": len(per_item),
         # frame-weighted: the share of all target frames predicted right
@@ -175,8 +168,33 @@ def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir
     }
     with atomic_path(out / "ladder.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    log.info("teacher-forced %d items -> %s (token accuracy %.1f %%)", len(per_item), out, 100 * summary["accuracy"])
+    log.info("%s %d items -> %s (accuracy %.1f %%)", desc, len(per_item), out, 100 * summary["accuracy"])
     return summary
+
+
+def teacher_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
+                            targets_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                            progress: bool = True) -> dict[str, Any]:
+    """Every item of a test list -> ``out_dir/<item_id>.wav`` decoded from the teacher-forced
+    codes (the target part only; a continuation item keeps its prompt audio in front, as
+    synthesis does), plus ``ladder.json``: per-item and mean teacher-forced token accuracy.
+
+    ``synth``: an :class:`arnar.synthesize.Synthesizer` (the run, its codec and text units);
+    ``targets_dir``: the task's ground-truth system folder (``<item_id>.wav``, prompt included for
+    continuation items, as the evaluation reads them)."""
+    rate = synth.codec.sample_rate
+
+    def speak(item, text, prompt, target):
+        prompt_codes = synth.prompt_codes(prompt)
+        target_codes = torch.as_tensor(synth.codec.encode([target], rate)[0][0], dtype=torch.long)
+        codes, accuracy = teacher_forced_codes(synth.model, synth.text_ids(text, "text"),
+                                               synth.text_ids(item.prompt_text, "prompt text"),
+                                               prompt_codes, target_codes)
+        audio = synth._decode(codes.numpy()[None].astype(np.int64), prompt, prompt_codes)
+        return audio, len(target_codes), accuracy
+
+    return _rung_testlist(synth, testlist, prompts_dir, targets_dir, out_dir, speak,
+                          summary={"rung": "teacher_forced"}, desc="teacher-forced", progress=progress)
 
 
 def level_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir: str | os.PathLike,
@@ -187,32 +205,14 @@ def level_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir: 
     true target length, each item from its synthesis seed (:func:`arnar.synthesize.item_seed`);
     ``out_dir/<item_id>.wav`` as the synthesis writes it, plus ``ladder.json`` with the share of
     the finest level's first-quantizer codes that are right, per item and frame-weighted."""
-    import soundfile as sf
-    from tqdm import tqdm
-
-    from arnar.atomic import atomic_path
-    from arnar.evaluate.audio import load_mono
-    from arnar.evaluate.testlists import read_testlist
-    from arnar.synthesize import continuation_text, item_seed
+    from arnar.synthesize import item_seed
 
     if synth.model.name != "cod":
         raise ValueError(f"the level-forced rung reads Chain-of-Details' levels; {synth.run_dir} is a "
                          f"{synth.model.name!r} run")
-    items = read_testlist(Path(testlist))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rate = synth.codec.sample_rate
-    per_item = []
-    for item in tqdm(items, desc=f"level-forced ({forced_levels}) {out.name}", disable=not progress, unit="item"):
-        continuing = item.task == "continuation"
-        text = continuation_text(item.target_text, item.prompt_text) if continuing else item.target_text
-        prompt, _ = synth.read_prompt(Path(prompts_dir) / f"{item.item_id}.wav")
-        target_path = Path(targets_dir) / f"{item.item_id}.wav"
-        if not target_path.exists():
-            raise FileNotFoundError(f"{target_path}: the ground-truth audio of item {item.item_id} does not exist")
-        target, _ = load_mono(target_path, rate)
-        if continuing:
-            target = target[len(prompt):]
+
+    def speak(item, text, prompt, target):
         truth = torch.as_tensor(np.asarray(synth.codec.encode([target], rate)[0]), dtype=torch.long)
         first_quantizer = truth.reshape(-1, truth.shape[-1])[0]
         job = synth.prepare(text, prompt, item.prompt_text, rate, target_frames=len(first_quantizer))
@@ -220,24 +220,9 @@ def level_forced_testlist(synth: Any, testlist: str | os.PathLike, prompts_dir: 
         generator = torch.Generator().manual_seed(item_seed(seed, item.item_id))
         generation = synth.model.generate(job.request, generator, **{**synth.decoding, "forced_levels": forced_levels})
         audio, _ = synth.finish(job, generation, 0.0)
-        if continuing:
-            audio = np.concatenate([prompt.astype(np.float32), audio])
-        with atomic_path(out / f"{item.item_id}.wav") as tmp:
-            sf.write(str(tmp), audio, rate, subtype="PCM_16", format="WAV")
         generated = generation.speech.reshape(-1, generation.speech.shape[-1])[0].cpu()
-        per_item.append({"item_id": item.item_id, "frames": len(first_quantizer),
-                         "accuracy": float((generated == first_quantizer).float().mean())})
-    frames = sum(r["frames"] for r in per_item)
-    summary = {
-        "rung": "level_forced",
-        "forced_levels": forced_levels,
-        "run_dir": str(synth.run_dir),
-        "items": len(per_item),
-        "accuracy": sum(r["accuracy"] * r["frames"] for r in per_item) / frames if frames else 0.0,
-        "per_item": per_item,
-    }
-    with atomic_path(out / "ladder.json") as tmp:
-        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    log.info("level-forced (%d) %d items -> %s (finest-level accuracy %.1f %%)", forced_levels, len(per_item), out,
-             100 * summary["accuracy"])
-    return summary
+        return audio, len(first_quantizer), float((generated == first_quantizer).float().mean())
+
+    return _rung_testlist(synth, testlist, prompts_dir, targets_dir, out_dir, speak,
+                          summary={"rung": "level_forced", "forced_levels": forced_levels},
+                          desc=f"level-forced ({forced_levels})", progress=progress)
