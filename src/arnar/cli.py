@@ -396,7 +396,8 @@ def cmd_resynthesize(args: argparse.Namespace) -> None:
 def cmd_ladder(args: argparse.Namespace) -> None:
     """The teacher-forced rung of the diagnostic ladder (arnar.evaluate.ladder): a next-token run
     (or PALLE's stage one, span by span) fed the true prompt and target tokens; its argmax
-    predictions decoded to audio."""
+    predictions decoded to audio. With --forced-levels, a Chain-of-Details run's level-forced rung
+    instead (levels 1..N the truth's, the rest generated)."""
     from arnar.evaluate.ladder import level_forced_testlist, teacher_forced_testlist
     from arnar.synthesize import Synthesizer
 
