@@ -174,6 +174,30 @@ def test_mel_front_end_still_trains(corpus, tmp_path):
         train_offline_codec(cuts, align, tmp_path / "x", seed=3, progress=False, enc_frontend="hubert")
 
 
+def test_codec_on_the_vocoders_mel_analysis(corpus, trained, tmp_path):
+    """mel_analysis=hifigan: the codec's config says the window, its decoder's mel is HiFi-GAN's
+    analysis (the RVQ stack's decoded mel of a clip is near that clip's hifigan-analysis mel, not
+    its stft25ms mel), the semantic tokens (Moonshine front end) do not depend on it, and an
+    unknown analysis fails before any work."""
+    cuts, align, wavs = corpus
+    out = tmp_path / "wide"
+    train_offline_codec(cuts, align, out, seed=7, progress=False, **{**TINY, "mel_analysis": "hifigan"})
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["mel_analysis"], cfg["n_fft"], cfg["win_length"], cfg["hop_length"]) == ("hifigan", 1024, 743, 160)
+    old, _ = trained
+    assert json.loads((old / "config.json").read_text())["win_length"] == 400
+    clip = _clips(wavs, 1)[0]
+    wide = load_codec("offline", model=out)
+    np.testing.assert_array_equal(wide.encode([clip], 16000)[0], load_codec("offline", model=old).encode([clip], 16000)[0])
+    rvq = load_codec("offline", model=out, stream="rvq")
+    mel = rvq.decode_mel(rvq.encode([clip], 16000))[0]
+    own, other = log_mel(clip, 2, "hifigan"), log_mel(clip, 2, "stft25ms")
+    assert np.abs(mel - own).mean() < 0.6 * np.abs(mel - other).mean()
+    with pytest.raises(ValueError, match="unknown mel analysis"):
+        train_offline_codec(cuts, align, tmp_path / "x", seed=7, progress=False, mel_analysis="wide")
+    assert not (tmp_path / "x").exists()
+
+
 def test_training_steps_are_capped(corpus, tmp_path):
     """enc_max_steps / dec_max_steps cap the updates, so cost stops growing with corpus hours."""
     cuts, align, _ = corpus
@@ -371,20 +395,39 @@ def test_loading_errors(tmp_path, trained):
         load_codec("offline", model=broken)
 
 
-def test_features_and_griffin_lim():
+@pytest.mark.parametrize("analysis", ["stft25ms", "hifigan"])
+def test_features_and_griffin_lim(analysis):
     rng = np.random.default_rng(0)
     t = np.arange(16000 + 123) / 16000
     clip = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
-    mel = log_mel(clip)
+    mel = log_mel(clip, analysis=analysis)
     assert mel.shape == (4 * math.ceil(clip.size / 640), 80) and mel.dtype == np.float32
-    assert log_mel(clip, 2).shape == (2 * math.ceil(clip.size / 320), 80)
-    y = mel_to_audio(mel, n_iter=8)
+    assert log_mel(clip, 2, analysis).shape == (2 * math.ceil(clip.size / 320), 80)
+    y = mel_to_audio(mel, n_iter=8, analysis=analysis)
     assert y.shape == (mel.shape[0] * 160,)
-    np.testing.assert_array_equal(y, mel_to_audio(mel, n_iter=8))
+    np.testing.assert_array_equal(y, mel_to_audio(mel, n_iter=8, analysis=analysis))
     # the resynthesis keeps the spectrum: its mel is close to the original's where there is energy
-    again = log_mel(y[: clip.size])
+    again = log_mel(y[: clip.size], analysis=analysis)
     loud = mel > mel.max() - 4
     assert np.median(np.abs(again - mel)[loud]) < 0.5
+
+
+def test_mel_analyses_differ_where_the_window_resolves_harmonics():
+    """A 46.4 ms window (hifigan) resolves the harmonics of a 110 Hz voice in the low bands; a 25 ms
+    one (stft25ms) smears neighbours together, so its low bands vary less from band to band. The
+    two share the hop, the frame count and the bands' level on a sustained tone."""
+    from arnar.codec.offline.features import MEL_ANALYSES, mel_analysis
+
+    t = np.arange(16000) / 16000
+    voice = sum(np.sin(2 * np.pi * 110 * k * t) / k for k in range(1, 30)).astype(np.float32) * 0.1
+    narrow, wide = log_mel(voice, analysis="stft25ms"), log_mel(voice, analysis="hifigan")
+    assert narrow.shape == wide.shape
+    middle = slice(20, -20)
+    ripple = [np.abs(np.diff(m[middle, :20], axis=1)).mean() for m in (narrow, wide)]
+    assert ripple[1] > 1.5 * ripple[0]
+    assert MEL_ANALYSES["hifigan"].n_fft == 1024 and MEL_ANALYSES["hifigan"].win == round(1024 * 16000 / 22050)
+    with pytest.raises(ValueError, match="unknown mel analysis"):
+        mel_analysis("stft10ms")
 
 
 def test_mel_filters_from_the_cache_are_librosas(tmp_path, monkeypatch):
@@ -396,7 +439,10 @@ def test_mel_filters_from_the_cache_are_librosas(tmp_path, monkeypatch):
 
     monkeypatch.setenv("ARNAR_CACHE_DIR", str(tmp_path))
     want = librosa.filters.mel(sr=16000, n_fft=512, n_mels=80, fmin=0.0, fmax=8000).astype(np.float32)
-    first = features._librosa_mel_filters()
+    first = features._librosa_mel_filters(512)
     assert len(list((tmp_path / "mel").iterdir())) == 1
     np.testing.assert_array_equal(first, want)
-    np.testing.assert_array_equal(features._librosa_mel_filters(), want)
+    np.testing.assert_array_equal(features._librosa_mel_filters(512), want)
+    wide = librosa.filters.mel(sr=16000, n_fft=1024, n_mels=80, fmin=0.0, fmax=8000).astype(np.float32)
+    np.testing.assert_array_equal(features._librosa_mel_filters(1024), wide)  # one file per FFT size
+    assert len(list((tmp_path / "mel").iterdir())) == 2

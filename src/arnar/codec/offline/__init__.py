@@ -17,9 +17,11 @@ trained here) -> Griffin-Lim.
 Recipe (``train_offline_codec``; every size and epoch count is an option)
 -------------------------------------------------------------------------
 
-Features. 16 kHz mono, ``torch.stft`` with a 25 ms Hann window (400 samples), 512-point FFT,
-10 ms hop (160), magnitude -> 80 mel bands (``librosa.filters.mel``, 0-8 kHz, Slaney) ->
-natural log (floor 1e-5). A clip of ``n`` samples is zero-padded to a whole number of token
+Features. 16 kHz mono, ``torch.stft`` with a 10 ms hop (160) and the window of ``mel_analysis``:
+``stft25ms`` (default) a 25 ms Hann window (400 samples) and a 512-point FFT, ``hifigan`` HiFi-GAN's
+own analysis at this rate (a 46.4 ms window, 743 samples, and a 1024-point FFT), so that the mel the
+decoder predicts is the vocoder's (:mod:`~arnar.codec.offline.vocoder`); magnitude -> 80 mel bands
+(``librosa.filters.mel``, 0-8 kHz, Slaney) -> natural log (floor 1e-5). A clip of ``n`` samples is zero-padded to a whole number of token
 frames (640 samples for 25 Hz, 320 for 50 Hz), so it has ``T = ceil(n / 640)`` semantic tokens
 (``ceil(n / 320)`` RVQ frames) and exactly 4 (2) mel frames per token; decoding returns
 ``T * 640`` (``T * 320``) samples, i.e. up to one token frame more than the input.
@@ -122,6 +124,8 @@ from arnar.codec.offline.data import PAUSES, SILENCE, _frame_labels, _phone_key,
 from arnar.codec.offline.features import (
     HOP,
     LOG_FLOOR,
+    DEFAULT_ANALYSIS,
+    MEL_ANALYSES,
     N_FFT,
     N_MELS,
     RVQ_STACK,
@@ -134,7 +138,9 @@ from arnar.codec.offline.features import (
     _torch,
     _utterance_norm,
     griffin_lim,
+    MelAnalysis,
     log_mel,
+    mel_analysis,
     mel_to_audio,
 )
 from arnar.codec.offline.kmeans import _assign, _assign2, _kmeans, _sq_dist

@@ -28,6 +28,7 @@ from arnar.codec.offline.features import (
     _speaker_stats,
     _torch,
     log_mel,
+    mel_analysis,
 )
 from arnar.codec.offline.kmeans import _assign
 from arnar.codec.offline.nets import _frontend, _make_decoder, _make_encoder
@@ -70,6 +71,12 @@ class OfflineCodec:
         self.device = torch.device(device)
         self.threads = threads
         self.gl_iters = int(gl_iters if gl_iters is not None else cfg.get("gl_iters", 32))
+        # the STFT analysis of every mel this codec reads and writes (folders older than the
+        # option used the 25 ms window)
+        try:
+            self.analysis = mel_analysis(cfg.get("mel_analysis", "stft25ms"))
+        except ValueError as err:
+            raise CodecError(f"{folder / CONFIG}: {err}") from err
         if vocoder not in VOCODERS:
             raise CodecError(f"unknown vocoder {vocoder!r}; known: {', '.join(VOCODERS)}")
         self.vocoder = vocoder
@@ -167,8 +174,9 @@ class OfflineCodec:
     def _latents(self, clip: np.ndarray):
         torch = _torch()
         if self.stream == "semantic":
-            return self._semantic_latents(torch.from_numpy(self._encoder_inputs(clip, log_mel(clip, SEMANTIC_STACK))))
-        mel = torch.from_numpy(log_mel(clip, RVQ_STACK))
+            inputs = self._encoder_inputs(clip, log_mel(clip, SEMANTIC_STACK, self.analysis))
+            return self._semantic_latents(torch.from_numpy(inputs))
+        mel = torch.from_numpy(log_mel(clip, RVQ_STACK, self.analysis))
         return ((mel - self.mean) / self.std).reshape(-1, RVQ_STACK * N_MELS)
 
     def _semantic_latents(self, encoder_inputs):
@@ -191,7 +199,8 @@ class OfflineCodec:
     def _encode_one(self, clip: np.ndarray) -> np.ndarray:
         torch = _torch()
         if self.stream == "semantic":
-            return self._semantic_tokens(torch.from_numpy(self._encoder_inputs(clip, log_mel(clip, SEMANTIC_STACK))))
+            inputs = self._encoder_inputs(clip, log_mel(clip, SEMANTIC_STACK, self.analysis))
+            return self._semantic_tokens(torch.from_numpy(inputs))
         res = self._latents(clip)
         codes = []
         for cb in self.codebooks:
@@ -237,7 +246,7 @@ class OfflineCodec:
                 if self.stream == "semantic":
                     if prompt_audio[i] is not None:
                         clip = resample(check_clips([prompt_audio[i]])[0], prompt_sample_rate, SAMPLE_RATE)
-                        stats = torch.from_numpy(_speaker_stats(log_mel(clip, SEMANTIC_STACK)))
+                        stats = torch.from_numpy(_speaker_stats(log_mel(clip, SEMANTIC_STACK, self.analysis)))
                     else:
                         stats = self.default_speaker
                     tok = torch.from_numpy(full)[0][None].to(self.device)
@@ -261,7 +270,8 @@ class OfflineCodec:
         only (see the package docstring, :mod:`arnar.codec.offline`)."""
         mels = self.decode_mel(codes, prompt, prompt_audio=prompt_audio, prompt_sample_rate=prompt_sample_rate)
         if self._vocode is None:
-            self._vocode = load_vocoder(self.vocoder, gl_iters=self.gl_iters, device=str(self.device))
+            self._vocode = load_vocoder(self.vocoder, gl_iters=self.gl_iters, device=str(self.device),
+                                       analysis=self.analysis)
         with self._threads():
             return [self._vocode(m) if m.shape[0] else np.zeros(0, np.float32) for m in mels]
 

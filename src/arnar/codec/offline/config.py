@@ -19,6 +19,9 @@ BUILD_LOG = "build_log.json"  # wall-clock timings of the training stages
 # BiGRU after the convolutions, 384 channels or 30 epochs +0.5 to +1 point for 2-3x the time;
 # k-means on the 256-d hidden layer or K = 1024 did not lower the resynthesis WER.
 DEFAULTS: dict[str, Any] = {
+    # the STFT of every mel (features.MEL_ANALYSES): stft25ms (a 25 ms window) | hifigan (HiFi-GAN's
+    # 46.4 ms window and 1024-point FFT: the decoder then predicts the vocoder's own mel)
+    "mel_analysis": "stft25ms",
     # phone encoder
     "enc_frontend": "moonshine",  # moonshine: Moonshine base-en's encoder states | mel: log-mel only
     "enc_channels": 256,

@@ -27,16 +27,15 @@ from arnar.codec.offline.config import BUILD_LOG, CONFIG, DEFAULTS, FORMAT, REPO
 from arnar.codec.offline.data import SILENCE, _frame_labels, _phone_key, _read_alignments, _read_cuts
 from arnar.codec.offline.features import (
     HOP,
-    N_FFT,
     N_MELS,
     RVQ_STACK,
     SAMPLE_RATE,
     SEMANTIC_STACK,
-    WIN,
     _speaker_stats,
     _torch,
     _utterance_norm,
     log_mel,
+    mel_analysis,
 )
 from arnar.codec.offline.kmeans import _assign, _assign2, _kmeans
 from arnar.codec.offline.nets import _frontend, _make_decoder, _make_encoder
@@ -194,6 +193,7 @@ def train_offline_codec(
     cfg = {**DEFAULTS, **sizes}
     if cfg["enc_frontend"] not in ("moonshine", "mel"):
         raise ValueError(f"enc_frontend must be moonshine or mel, got {cfg['enc_frontend']!r}")
+    mel_analysis(cfg["mel_analysis"])  # an unknown name fails here, before any work
     if cfg["token_layer"] not in ("bottleneck", "hidden", "posteriors"):
         raise ValueError(f"token_layer must be bottleneck, hidden or posteriors, got {cfg['token_layer']!r}")
     out_dir = Path(out_dir)
@@ -233,7 +233,8 @@ def train_offline_codec(
     config = {
         "format": FORMAT,
         "sample_rate": SAMPLE_RATE,
-        "n_fft": N_FFT, "win_length": WIN, "hop_length": HOP, "n_mels": N_MELS,
+        "n_fft": mel_analysis(cfg["mel_analysis"]).n_fft, "win_length": mel_analysis(cfg["mel_analysis"]).win,
+        "hop_length": HOP, "n_mels": N_MELS,
         "semantic_frame_rate": SAMPLE_RATE / (HOP * SEMANTIC_STACK),
         "rvq_frame_rate": SAMPLE_RATE / (HOP * RVQ_STACK),
         "seed": seed,
@@ -325,7 +326,7 @@ def _prepare(train_cuts, alignments, root: Path, cfg: dict, *, seed: int, thread
     for u in tqdm(utts, desc="offline codec: features", unit="utt", disable=not progress):
         if align is not None:
             u["phones"] = align.get(u["id"])
-        u["mel"] = log_mel(u["audio"], SEMANTIC_STACK)  # [4T, 80]
+        u["mel"] = log_mel(u["audio"], SEMANTIC_STACK, cfg["mel_analysis"])  # [4T, 80]
         u["norm"], _, _ = _utterance_norm(u["mel"])
         u["stats"] = _speaker_stats(u["mel"])
         u["enc_in"] = torch.from_numpy(encoder_inputs(u["audio"], u["mel"]))
@@ -467,7 +468,7 @@ def _fit_rvq(data: _Data, cfg: dict, *, seed: int) -> _RVQ:
     utts, train = data.utts, data.train
     rvq_frames = {}
     for u in utts:
-        m = log_mel(u["audio"], RVQ_STACK)
+        m = log_mel(u["audio"], RVQ_STACK, cfg["mel_analysis"])
         rvq_frames[u["id"]] = torch.from_numpy(m)
     train_mel = torch.cat([rvq_frames[u["id"]] for u in train])
     g_mean = train_mel.mean(0)
