@@ -21,10 +21,11 @@ Features. 16 kHz mono, ``torch.stft`` with a 10 ms hop (160) and the window of `
 ``stft25ms`` (default) a 25 ms Hann window (400 samples) and a 512-point FFT, ``hifigan`` HiFi-GAN's
 own analysis at this rate (a 46.4 ms window, 743 samples, and a 1024-point FFT), so that the mel the
 decoder predicts is the vocoder's (:mod:`~arnar.codec.offline.vocoder`); magnitude -> 80 mel bands
-(``librosa.filters.mel``, 0-8 kHz, Slaney) -> natural log (floor 1e-5). A clip of ``n`` samples is zero-padded to a whole number of token
-frames (640 samples for 25 Hz, 320 for 50 Hz), so it has ``T = ceil(n / 640)`` semantic tokens
-(``ceil(n / 320)`` RVQ frames) and exactly 4 (2) mel frames per token; decoding returns
-``T * 640`` (``T * 320``) samples, i.e. up to one token frame more than the input.
+(``librosa.filters.mel``, 0-8 kHz, Slaney) -> natural log (floor 1e-5). A clip of ``n`` samples
+is zero-padded to a whole number of token frames (640 samples for 25 Hz, 320 for 50 Hz), so it
+has ``T = ceil(n / 640)`` semantic tokens (``ceil(n / 320)`` RVQ frames) and exactly 4 (2) mel
+frames per token; decoding returns ``T * 640`` (``T * 320``) samples, i.e. up to one token frame
+more than the input.
 
 1. Phone encoder (semantic tokens). Input (``enc_frontend``): ``moonshine`` (default) the
    hidden states of Moonshine base-en's ASR encoder (416-d, interpolated to the 25 Hz frames,
@@ -122,9 +123,9 @@ from arnar.codec.offline.codec import OfflineCodec, load_offline, load_offline_r
 from arnar.codec.offline.config import BUILD_LOG, CONFIG, DEFAULTS, FORMAT, REPORT, RETIRED_OPTIONS, WEIGHTS
 from arnar.codec.offline.data import PAUSES, SILENCE, _frame_labels, _phone_key, _read_alignments, _read_cuts
 from arnar.codec.offline.features import (
+    DEFAULT_ANALYSIS,
     HOP,
     LOG_FLOOR,
-    DEFAULT_ANALYSIS,
     MEL_ANALYSES,
     N_FFT,
     N_MELS,
@@ -137,8 +138,8 @@ from arnar.codec.offline.features import (
     _speaker_stats,
     _torch,
     _utterance_norm,
-    griffin_lim,
     MelAnalysis,
+    griffin_lim,
     log_mel,
     mel_analysis,
     mel_to_audio,
