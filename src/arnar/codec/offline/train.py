@@ -193,7 +193,7 @@ def train_offline_codec(
     cfg = {**DEFAULTS, **sizes}
     if cfg["enc_frontend"] not in ("moonshine", "mel"):
         raise ValueError(f"enc_frontend must be moonshine or mel, got {cfg['enc_frontend']!r}")
-    mel_analysis(cfg["mel_analysis"])  # an unknown name fails here, before any work
+    analysis = mel_analysis(cfg["mel_analysis"])  # an unknown name fails here, before any work
     if cfg["token_layer"] not in ("bottleneck", "hidden", "posteriors"):
         raise ValueError(f"token_layer must be bottleneck, hidden or posteriors, got {cfg['token_layer']!r}")
     out_dir = Path(out_dir)
@@ -233,8 +233,7 @@ def train_offline_codec(
     config = {
         "format": FORMAT,
         "sample_rate": SAMPLE_RATE,
-        "n_fft": mel_analysis(cfg["mel_analysis"]).n_fft, "win_length": mel_analysis(cfg["mel_analysis"]).win,
-        "hop_length": HOP, "n_mels": N_MELS,
+        "n_fft": analysis.n_fft, "win_length": analysis.win, "hop_length": HOP, "n_mels": N_MELS,
         "semantic_frame_rate": SAMPLE_RATE / (HOP * SEMANTIC_STACK),
         "rvq_frame_rate": SAMPLE_RATE / (HOP * RVQ_STACK),
         "seed": seed,

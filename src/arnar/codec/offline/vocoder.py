@@ -51,7 +51,6 @@ VOCODERS = ("griffin_lim", "hifigan", "hifigan_bf16")
 
 HIFIGAN_SAMPLE_RATE = 22050
 HIFIGAN_HOP = 256
-HIFIGAN_WIN = 1024
 HIFIGAN_LOG_FLOOR = 1e-5  # HiFi-GAN's own mel clamps at 1e-5 before the log
 
 
